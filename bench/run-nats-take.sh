@@ -46,7 +46,7 @@ for _ in $(seq 100); do [ "$(grep -c "took partition" "$dir/b.log")" -ge 8 ] && 
 sleep 1
 kill -TERM "$bpid"
 wait "$bpid" 2>/dev/null || true
-grep -E "changelog: applied|took partition|taken from" "$dir/b.log"
+grep -E "changelog: applied|changelog: nothing|took partition|taken from" "$dir/b.log"
 python3 - "$dir/b.log" <<'PY'
 import re, sys
 from datetime import datetime
@@ -55,7 +55,7 @@ t = lambda l: datetime.fromisoformat(l.split()[0])
 prev = t(lines[0])
 print("\n| partition's tail (messages) | ms since the take before | ms a message |\n|---|---|---|")
 for l in lines:
-    m = re.search(r"applied (\d+)\.\.(\d+)", l)
+    m = re.search(r"(?:applied |nothing to replay from )(\d+)(?:\.\.| on \(it ends at )(\d+)", l)
     if m:
         n, ms = int(m[2]) - int(m[1]) + 1, (t(l) - prev).total_seconds() * 1e3
         print(f"| {n} | {ms:.0f} | {ms / n if n else 0:.2f} |")

@@ -121,10 +121,10 @@
 #include <cmocka.h>
 #include <nats/nats.h>
 
+#include "fleet_helpers.h"
 #include "harness.h"
 #include "nats_cluster.h"
 #include "reference.h"
-#include "stream_check.h"
 #include "tally.h"
 #include "tally_fleet.h"
 #include "td_fleet_plan.h"
@@ -141,6 +141,7 @@ static th_daemon_t member[2];
 static const char *const ids[2] = {"cl-a", "cl-b"};
 static uint64_t model[STREAMS][256];
 static uint64_t seqs[STREAMS];
+static const tf_fleet_t test_fleet = {"cl", STREAMS, model, seqs, PARTITIONS, member, ids, 2};
 /* The cluster the members and the fleet client use: the suite's, or test 8's own. */
 static const char *cluster_urls, *cluster_replicas = "3";
 /* Test 8: the test clock file of the members it starts, with window rings on (NULL: neither). */
@@ -159,8 +160,7 @@ static int setup(void **state)
 static int stop_members(void **state)
 {
     (void)state;
-    for (int i = 0; i < 2; i++)
-        th_daemon_end(&member[i]);
+    tf_members_end(&test_fleet);
     member_when_idle = "on"; /* a failed test's start_commit_only may have left it off */
     return 0;
 }
@@ -169,13 +169,6 @@ static int teardown(void **state)
 {
     stop_members(state);
     return tn_suite_teardown();
-}
-
-static void fresh_fleet(void)
-{
-    tn_fleet_delete(tn_suite_js, PARTITIONS);
-    memset(model, 0, sizeof model);
-    memset(seqs, 0, sizeof seqs);
 }
 
 /* Member i with lease TTL ttl_ms (a failover waits for it; a clean stop must finish within it,
@@ -236,47 +229,6 @@ static void start(int i, const char *ttl_ms)
     start_commit(i, ttl_ms, "2");
 }
 
-/* Member i killed (SIGKILL: no give-up, no checkpoint) and reaped. */
-static void kill_member(int i)
-{
-    kill(member[i].pid, SIGKILL);
-    th_daemon_wait(&member[i], 5000);
-    member[i].pid = 0;
-}
-
-/* What the members said, on stderr: for a failure's report. */
-static void dump_logs(void)
-{
-    for (int i = 0; i < 2; i++) {
-        if (!member[i].log_path[0])
-            continue;
-        char cmd[256];
-        snprintf(cmd, sizeof cmd, "echo '--- %s' >&2; grep -v '<7>' %s | tail -30 >&2", ids[i],
-                 member[i].log_path);
-        if (system(cmd) != 0) /* a report only: nothing to do but say so */
-            fprintf(stderr, "(could not show %s)\n", member[i].log_path);
-    }
-}
-
-/* The partitions the plan gives member i of both (rendezvous hashing: not always half). */
-static int planned(int i)
-{
-    int n = 0;
-    for (uint32_t k = 0; k < PARTITIONS; k++)
-        n += td_fleet_owner(ids, 2, k) == i;
-    return n;
-}
-
-/* Waits until member id holds `count` partitions' leases; the members' logs when it does not. */
-static void wait_held(const char *id, int count)
-{
-    int held = 0;
-    if (tn_wait_leases(tn_suite_js, PARTITIONS, id, count, TIMEOUT_MS, &held) >= 0)
-        return;
-    dump_logs();
-    fail_msg("%s holds %d partitions, not %d", id, held, count);
-}
-
 /* Waits until member i has taken `count` partitions or more, since it started (loaded,
  * replayed, fenced: not only leased). */
 static void wait_taken(int i, long long count)
@@ -288,80 +240,19 @@ static void wait_taken(int i, long long count)
     assert_true(th_metric(&member[i], "tallyd_nats_partitions_taken_total") >= count);
 }
 
-static void stream_name(int s, char *out, size_t cap)
-{
-    snprintf(out, cap, "cl/%d", s);
-}
-
-static uint32_t partition_of(int s)
-{
-    char name[32];
-    stream_name(s, name, sizeof name);
-    return tally_partition(name, strlen(name), PARTITIONS);
-}
-
-/* Stream s's numbered hist of round r, sent; its batch goes into the model. */
-static void send_hist(tally_client_t *c, int s, int r)
-{
-    uint8_t data[600];
-    size_t n = 200 + (size_t)(s * 7 + r * 13) % 300;
-    for (size_t j = 0; j < n; j++)
-        data[j] = (uint8_t)(s * 31 + r * 7 + j * 13 + (j >> 3));
-    char name[32];
-    stream_name(s, name, sizeof name);
-    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
-    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
-    req.seq = ++seqs[s];
-    tally_status_t st = tally_send(c, &req, data, n, NULL);
-    if (st != TALLY_OK)
-        fail_msg("send to %s: %s: %s", name, tally_status_name(st), tally_client_error(c));
-    tr_hist_parts(TALLY_DTYPE_U8, data, n, 0, 0, model[s], NULL, NULL);
-}
-
-/* One reply: OK, or `duplicate` (a resend whose first try was stored). */
-static void recv_applied(tally_client_t *c)
-{
-    tally_reply_t r;
-    tally_reply_init(&r);
-    tally_status_t st = tally_recv(c, &r);
-    if (st != TALLY_OK && st != TALLY_E_DUPLICATE)
-        fail_msg("reply: %s: %s", tally_status_name(st), r.error);
-    tally_reply_clear(&r);
-}
-
 /* Round r of every stream, one write in flight (so one record per changelog message). */
 static void write_round(tally_client_t *c, int r)
 {
     for (int s = 0; s < STREAMS; s++) {
-        send_hist(c, s, r);
-        recv_applied(c);
+        tf_send_hist(&test_fleet, c, s, r);
+        tf_recv_applied(c);
     }
 }
 
+/* A fleet client of the members' cluster. */
 static tally_client_t *fleet_client(void)
 {
-    tally_nats_opts_t o = {.servers = cluster_urls ? cluster_urls : tn_suite.urls,
-                           .timeout_ms = TIMEOUT_MS};
-    tally_client_t *c = NULL;
-    tally_status_t st = tally_client_new_fleet(&o, &c, msg, sizeof msg);
-    if (st != TALLY_OK)
-        fail_msg("tally_client_new_fleet: %s: %s", tally_status_name(st), msg);
-    return c;
-}
-
-/* Stream s equals its model (bins and last_seq). */
-static void check_stream(tally_client_t *c, int s)
-{
-    char name[32], why[160];
-    stream_name(s, name, sizeof name);
-    if (th_stream_differs(c, name, seqs[s], model[s], why, sizeof why))
-        fail_msg("%s", why);
-}
-
-static void check_model(tally_client_t *c)
-{
-    for (int s = 0; s < STREAMS; s++)
-        check_stream(c, s);
+    return tf_fleet_client(cluster_urls ? cluster_urls : tn_suite.urls, TIMEOUT_MS);
 }
 
 /* Member i, started, takes every partition and equals the model, nothing counted lost (a fleet
@@ -370,7 +261,7 @@ static void check_taken_model(int i)
 {
     wait_taken(i, PARTITIONS);
     tally_client_t *c = fleet_client();
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     tally_client_destroy(&c);
     assert_int_equal(th_metric(&member[i], "tallyd_nats_changelog_lost_total"), 0);
 }
@@ -400,22 +291,9 @@ static void stream_state(const char *name, uint64_t *first, uint64_t *msgs)
     jsStreamInfo_Destroy(si);
 }
 
-/* The last sequence of partition k's changelog on js (the suite's, or a test's own server). */
-static uint64_t changelog_last_on(jsCtx *js, uint32_t k)
-{
-    char cl[32];
-    jsStreamInfo *si = NULL;
-    jsErrCode jerr = 0;
-    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
-    assert_int_equal(js_GetStreamInfo(&si, js, cl, NULL, &jerr), NATS_OK);
-    uint64_t last = si->State.LastSeq;
-    jsStreamInfo_Destroy(si);
-    return last;
-}
-
 static uint64_t changelog_last(uint32_t k)
 {
-    return changelog_last_on(tn_suite_js, k);
+    return tf_changelog_last(tn_suite_js, k);
 }
 
 /* Partition k's changelog, as its leader has it: *first and *msgs. */
@@ -433,17 +311,6 @@ static void remove_changelog(uint32_t k)
     jsErrCode jerr = 0;
     tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
     assert_int_equal(js_DeleteStream(tn_suite_js, cl, NULL, &jerr), NATS_OK);
-}
-
-/* Partition k's checkpoint manifest. */
-static td_ckpt_manifest_t manifest_of(uint32_t k)
-{
-    td_ckpt_manifest_t m;
-    uint8_t *st = NULL;
-    size_t len = 0;
-    assert_int_equal(td_ckpt_read(tn_suite_js, k, &m, &st, &len, msg, sizeof msg), TD_OK);
-    free(st);
-    return m;
 }
 
 /* A gate for a member's TALLYD_TEST_*_GATE: the path of a file, not there yet, in a fresh
@@ -467,7 +334,7 @@ static void gate_open(const char *gate)
 static void start_ack_gated(char *dir, size_t dir_cap, char *gate, size_t gate_cap,
                             const char *commit_ms)
 {
-    fresh_fleet();
+    tf_fresh(&test_fleet);
     gate_at(dir, dir_cap, gate, gate_cap);
     gate_open(gate);
     setenv("TALLYD_TEST_ACK_GATE", gate, 1);
@@ -509,9 +376,10 @@ static void check_last_record(int s)
 {
     static td_state_record_t rec;
     char stream[32], name[32];
-    tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, partition_of(s));
-    stream_name(s, name, sizeof name);
-    uint64_t last = changelog_last(partition_of(s));
+    tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX,
+                     tf_partition_of(&test_fleet, s));
+    tf_stream_name(&test_fleet, s, name, sizeof name);
+    uint64_t last = changelog_last(tf_partition_of(&test_fleet, s));
     size_t found = 0;
     for (uint64_t seq = last; seq > 0 && last - seq < 64 && !found; seq--) {
         natsMsg *m = NULL;
@@ -554,9 +422,9 @@ static int64_t now_us(void)
 static void test_answered_after_ack(void **state)
 {
     (void)state;
-    fresh_fleet();
+    tf_fresh(&test_fleet);
     start(0, "15000");
-    wait_held(ids[0], PARTITIONS);
+    tf_wait_held(&test_fleet, ids[0], PARTITIONS, TIMEOUT_MS);
     char v[64];
     assert_string_equal(info_value(&member[0], "nats_direct", v, sizeof v), "replicated");
     tally_client_t *c = fleet_client();
@@ -564,8 +432,8 @@ static void test_answered_after_ack(void **state)
     for (int r = 0; r < 3; r++)
         for (int s = 0; s < STREAMS; s++) {
             int64_t t0 = now_us();
-            send_hist(c, s, r);
-            recv_applied(c);
+            tf_send_hist(&test_fleet, c, s, r);
+            tf_recv_applied(c);
             waited_us += now_us() - t0;
             check_last_record(s); /* stored before the reply left */
         }
@@ -573,15 +441,15 @@ static void test_answered_after_ack(void **state)
                   (long long)(waited_us / (3 * STREAMS)));
     assert_true(th_metric(&member[0], "tallyd_nats_changelog_commits_total") >= 3 * STREAMS);
     assert_int_equal(th_metric(&member[0], "tallyd_nats_not_durable_total"), 0);
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     tally_client_destroy(&c);
     /* A clean stop checkpoints each partition with the changelog sequence its state holds. */
     assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
     member[0].pid = 0;
     for (uint32_t k = 0; k < PARTITIONS; k++) {
-        td_ckpt_manifest_t m = manifest_of(k);
+        td_ckpt_manifest_t m = tf_manifest(k);
         if (m.cl_seq == 0) {
-            dump_logs();
+            tf_dump_logs(&test_fleet);
             fail_msg("partition %u's checkpoint names no changelog sequence", (unsigned)k);
         }
         /* The give-up's checkpoint holds the whole changelog, nothing follows it: purged whole,
@@ -596,17 +464,17 @@ static void test_answered_after_ack(void **state)
     /* A changelog stream removed after the checkpoint that holds it (an operator's mistake):
      * the next take makes it anew, warns that it ends before the checkpoint, and keeps the
      * checkpoint's state. */
-    remove_changelog(partition_of(0));
+    remove_changelog(tf_partition_of(&test_fleet, 0));
     start(0, "15000");
-    wait_held(ids[0], PARTITIONS);
+    tf_wait_held(&test_fleet, ids[0], PARTITIONS, TIMEOUT_MS);
     c = fleet_client();
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     /* Another partition's changelog removed before the give-up's checkpoint: the purge that
      * follows it fails, said, and the partition is given up all the same (its checkpoint
      * stored). */
     write_round(c, 3);
     tally_client_destroy(&c);
-    uint32_t other = (partition_of(0) + 1) % PARTITIONS;
+    uint32_t other = (tf_partition_of(&test_fleet, 0) + 1) % PARTITIONS;
     remove_changelog(other);
     assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
     member[0].pid = 0;
@@ -615,9 +483,9 @@ static void test_answered_after_ack(void **state)
                            (unsigned)other, member[0].log_path),
                      0);
     start(0, "15000");
-    wait_held(ids[0], PARTITIONS);
+    tf_wait_held(&test_fleet, ids[0], PARTITIONS, TIMEOUT_MS);
     c = fleet_client();
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     tally_client_destroy(&c);
     assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
     member[0].pid = 0;
@@ -633,7 +501,7 @@ static int records_of(uint32_t k, uint64_t seq, int s)
 {
     char stream[32], name[32];
     tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, k);
-    stream_name(s, name, sizeof name);
+    tf_stream_name(&test_fleet, s, name, sizeof name);
     natsMsg *m = NULL;
     jsErrCode jerr = 0;
     assert_int_equal(js_GetMsg(&m, tn_suite_js, stream, seq, NULL, &jerr), NATS_OK);
@@ -727,7 +595,7 @@ static uint64_t last_message_seq_of(uint32_t k, int s)
     static td_state_record_t rec;
     char stream[32], name[32];
     tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, k);
-    stream_name(s, name, sizeof name);
+    tf_stream_name(&test_fleet, s, name, sizeof name);
     natsMsg *m = NULL;
     jsErrCode jerr = 0;
     assert_int_equal(js_GetMsg(&m, tn_suite_js, stream, changelog_last(k), NULL, &jerr), NATS_OK);
@@ -756,21 +624,21 @@ static void test_one_record_a_stream_a_batch(void **state)
     (void)state;
     char dir[256], gate[300];
     start_ack_gated(dir, sizeof dir, gate, sizeof gate, "1000");
-    uint32_t k = partition_of(0);
+    uint32_t k = tf_partition_of(&test_fleet, 0);
     uint64_t before = changelog_last(k);
     tally_client_t *c = fleet_client();
     assert_int_equal(unlink(gate), 0); /* the PubAcks held from here */
-    send_hist(c, 0, 0);
+    tf_send_hist(&test_fleet, c, 0, 0);
     wait_changelog(k, before + 1); /* in flight: the others wait behind it */
     for (int r = 1; r < REWRITES; r++)
-        send_hist(c, 0, r);
+        tf_send_hist(&test_fleet, c, 0, r);
     int64_t until = th_now_ms() + TIMEOUT_MS;
     while (last_message_seq_of(k, 0) != seqs[0] && th_now_ms() < until)
         th_sleep_ms(5);
     gate_open(gate);
     assert_int_equal(last_message_seq_of(k, 0), seqs[0]);
     for (int r = 0; r < REWRITES; r++)
-        recv_applied(c);
+        tf_recv_applied(c);
     uint64_t last = changelog_last(k);
     print_message("%d writes of one stream in %llu changelog messages\n", REWRITES,
                   (unsigned long long)(last - before));
@@ -779,7 +647,7 @@ static void test_one_record_a_stream_a_batch(void **state)
         assert_int_equal(records_of(k, seq, 0), 1);
     check_stages((long long)(last - before), REWRITES, 1);
     check_last_record(0); /* the model after all of them */
-    check_stream(c, 0);
+    tf_check_stream(&test_fleet, c, 0);
     tally_client_destroy(&c);
     th_rmrf(dir);
 }
@@ -792,26 +660,27 @@ static void test_one_record_a_stream_a_batch(void **state)
 static void test_kill_owner_under_load(void **state)
 {
     (void)state;
-    fresh_fleet();
+    tf_fresh(&test_fleet);
     start(0, "3000");
     start(1, "3000");
-    assert_true(planned(1) > 0); /* b has partitions to lose */
-    wait_held(ids[0], planned(0));
-    wait_held(ids[1], planned(1));
+    assert_true(tf_planned(&test_fleet, 1) > 0); /* b has partitions to lose */
+    tf_wait_held(&test_fleet, ids[0], tf_planned(&test_fleet, 0), TIMEOUT_MS);
+    tf_wait_held(&test_fleet, ids[1], tf_planned(&test_fleet, 1), TIMEOUT_MS);
     tally_client_t *c = fleet_client();
     for (int r = 0; r < ROUNDS; r++) {
         for (int s = 0; s < STREAMS; s++)
-            send_hist(c, s, r);
+            tf_send_hist(&test_fleet, c, s, r);
         for (int i = 0; i < STREAMS; i++) {
-            recv_applied(c);
+            tf_recv_applied(c);
             if (r == 2 && i == STREAMS / 2) { /* b has answered writes no checkpoint holds */
                 assert_true(th_metric(&member[1], "tallyd_nats_changelog_commits_total") > 0);
-                kill_member(1);
+                th_daemon_kill(&member[1]);
             }
         }
     }
-    wait_held(ids[0], PARTITIONS);
-    check_model(c); /* every answered write survived; every other one applied once */
+    tf_wait_held(&test_fleet, ids[0], PARTITIONS, TIMEOUT_MS);
+    tf_check_model(&test_fleet,
+                   c); /* every answered write survived; every other one applied once */
     assert_true(th_metric(&member[0], "tallyd_nats_changelog_replayed_total") > 0);
     tally_client_destroy(&c);
     assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
@@ -847,7 +716,7 @@ static void call_until_stored(tally_client_t *c, const tally_req_t *req, const v
            th_now_ms() < until)
         th_sleep_ms(100);
     if (st != TALLY_OK)
-        dump_logs();
+        tf_dump_logs(&test_fleet);
     assert_int_equal(st, TALLY_OK);
 }
 
@@ -859,9 +728,9 @@ static void call_until_stored(tally_client_t *c, const tally_req_t *req, const v
 static void test_not_stored_not_durable(void **state)
 {
     (void)state;
-    fresh_fleet();
+    tf_fresh(&test_fleet);
     start(0, "15000");
-    wait_held(ids[0], PARTITIONS);
+    tf_wait_held(&test_fleet, ids[0], PARTITIONS, TIMEOUT_MS);
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(member[0].endpoint, TIMEOUT_MS, &c), TALLY_OK);
     uint8_t data[16] = {1, 2, 3};
@@ -869,7 +738,7 @@ static void test_not_stored_not_durable(void **state)
     assert_int_equal(tally_req_set_stream(&req, "cl/0"), TALLY_OK);
     tally_buf_t out = {0};
     assert_int_equal(tally_run(c, &req, data, sizeof data, NULL, &out, NULL), TALLY_OK);
-    remove_changelog(partition_of(0));
+    remove_changelog(tf_partition_of(&test_fleet, 0));
     wait_taken(0, PARTITIONS); /* every take done, not only its lease held */
     assert_int_equal(tally_run(c, &req, data, sizeof data, NULL, &out, NULL), TALLY_E_NOT_DURABLE);
     assert_non_null(strstr(tally_client_error(c), "was not stored"));
@@ -893,9 +762,9 @@ static void test_not_stored_not_durable(void **state)
 static void test_other_writer_fenced(void **state)
 {
     (void)state;
-    fresh_fleet();
+    tf_fresh(&test_fleet);
     start(0, "15000");
-    wait_held(ids[0], PARTITIONS);
+    tf_wait_held(&test_fleet, ids[0], PARTITIONS, TIMEOUT_MS);
     wait_taken(0, PARTITIONS);
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(member[0].endpoint, TIMEOUT_MS, &c), TALLY_OK);
@@ -908,7 +777,7 @@ static void test_other_writer_fenced(void **state)
     assert_int_equal(call_numbered(c, &req, data, sizeof data, why, sizeof why), TALLY_OK);
     tr_hist_parts(TALLY_DTYPE_U8, data, sizeof data, 0, 0, bins, NULL, NULL);
     char subject[32];
-    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_CL, partition_of(0));
+    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_CL, tf_partition_of(&test_fleet, 0));
     jsErrCode jerr = 0;
     assert_int_equal(js_Publish(NULL, tn_suite_js, subject, "", 0, NULL, &jerr), NATS_OK);
     req.seq = 2;
@@ -924,7 +793,7 @@ static void test_other_writer_fenced(void **state)
     tally_stream_info_t info;
     assert_int_equal(tally_query(c, "cl/0", &info), TALLY_OK);
     if (info.last_seq != 2) {
-        dump_logs();
+        tf_dump_logs(&test_fleet);
         fail_msg("cl/0: last_seq %llu, %llu batches, %llu elements",
                  (unsigned long long)info.last_seq, (unsigned long long)info.batches,
                  (unsigned long long)info.hist_total);
@@ -995,7 +864,7 @@ static void many_writes(tally_client_t *c, const th_daemon_t *d, int from, uint6
             th_sh("curl -s http://127.0.0.1:%d/metrics | grep -E '^tallyd_(requests_total|shard_"
                   "requests|requests_in_flight|replies_dropped|nats_(changelog|not_))' >&2",
                   th_metrics_port(d));
-            dump_logs();
+            tf_dump_logs(&test_fleet);
             fail_msg("reply %d of %d: %s: %s", got - from + 1, MANY - from, tally_status_name(st),
                      r.error);
         }
@@ -1027,7 +896,7 @@ static void check_many(tally_client_t *c, int gone, int from)
     tally_stream_info_t info;
     tally_status_t st = tally_query(c, many_names[gone], &info);
     if (st != TALLY_E_UNKNOWN_STREAM)
-        dump_logs();
+        tf_dump_logs(&test_fleet);
     assert_int_equal(st, TALLY_E_UNKNOWN_STREAM);
     check_many_from(c, from);
 }
@@ -1104,21 +973,21 @@ static void store_history_again(uint32_t k)
 static void test_group_commit_delete_reset(void **state)
 {
     (void)state;
-    fresh_fleet();
+    tf_fresh(&test_fleet);
     many_pick();
     memset(many_model, 0, sizeof many_model);
     start_commit_only(0, "3000", "1000");
-    wait_held(ids[0], PARTITIONS);
+    tf_wait_held(&test_fleet, ids[0], PARTITIONS, TIMEOUT_MS);
     wait_taken(0, PARTITIONS);
     tally_client_t *c = fleet_client();
     many_writes(c, &member[0], 0, 1);
     assert_int_equal(tally_delete(c, many_names[0]), TALLY_OK);
     assert_int_equal(tally_reset(c, many_names[1]), TALLY_OK);
     memset(many_model[1], 0, sizeof many_model[1]);
-    kill_member(0);
+    th_daemon_kill(&member[0]);
     store_history_again(0); /* a's late batch over APPLY_BYTES: replayed in pieces */
     start_commit_only(1, "3000", "1000");
-    wait_held(ids[1], PARTITIONS);
+    tf_wait_held(&test_fleet, ids[1], PARTITIONS, TIMEOUT_MS);
     wait_taken(1, PARTITIONS);
     check_many(c, 0, 1);
     assert_true(th_metric(&member[1], "tallyd_nats_changelog_replayed_total") > 0);
@@ -1240,7 +1109,7 @@ static void ring_past_a_message(const char *clock, jsCtx *js)
     assert_int_equal(tally_get_u32(rec.ring), 1);
     assert_true(len < 4096);
     natsMsg_Destroy(m);
-    kill_member(1);
+    th_daemon_kill(&member[1]);
     member_clock = clock;
     start_commit(0, "3000", "2");
     member_clock = NULL;
@@ -1287,7 +1156,7 @@ static void test_batch_over_max_payload(void **state)
                   MANY, batches, SMALL_PAYLOAD - (int)TALLY_NATS_HEADROOM, full);
     assert_true(batches >= MANY * 1100 / (SMALL_PAYLOAD - (int)TALLY_NATS_HEADROOM));
     assert_true(full > 0);
-    kill_member(0);
+    th_daemon_kill(&member[0]);
     char dir[256], clock[300];
     assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-clock"), 0);
     snprintf(clock, sizeof clock, "%s/clock", dir);
@@ -1351,7 +1220,7 @@ static int store_late_copy(uint32_t k, uint64_t seq)
     int stream = -1;
     for (int s = 0; s < STREAMS; s++) {
         char name[32];
-        stream_name(s, name, sizeof name);
+        tf_stream_name(&test_fleet, s, name, sizeof name);
         if (rec.name_len == strlen(name) && memcmp(rec.name, name, rec.name_len) == 0)
             stream = s;
     }
@@ -1371,7 +1240,7 @@ static int store_late_copy(uint32_t k, uint64_t seq)
 static void test_writer_races_fence(void **state)
 {
     (void)state;
-    fresh_fleet();
+    tf_fresh(&test_fleet);
     start(0, "6000"); /* b's gated take must end within its lease */
     wait_taken(0, PARTITIONS);
     tally_client_t *c = fleet_client();
@@ -1384,7 +1253,7 @@ static void test_writer_races_fence(void **state)
         last0[k] = changelog_last(k);
     write_round(c, 1);
     tally_client_destroy(&c);
-    kill_member(0);
+    th_daemon_kill(&member[0]);
     char dir[256], gate[300];
     gate_at(dir, sizeof dir, gate, sizeof gate);
     setenv("TALLYD_TEST_FENCE_GATE", gate, 1);
@@ -1400,7 +1269,7 @@ static void test_writer_races_fence(void **state)
     memcpy(model[s], model0[s], sizeof model[s]);
     seqs[s] = seqs0[s];
     c = fleet_client();
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     tally_client_destroy(&c);
     assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
     member[1].pid = 0;
@@ -1419,32 +1288,32 @@ static void test_writer_races_fence(void **state)
 static void test_records_gone_before_checkpoint(void **state)
 {
     (void)state;
-    fresh_fleet();
+    tf_fresh(&test_fleet);
     int x = 0, y = 1;
-    while (y < STREAMS && partition_of(y) != partition_of(x))
+    while (y < STREAMS && tf_partition_of(&test_fleet, y) != tf_partition_of(&test_fleet, x))
         y++;
     assert_true(y < STREAMS);
-    uint32_t k = partition_of(x);
+    uint32_t k = tf_partition_of(&test_fleet, x);
     start(0, "15000");
     wait_taken(0, PARTITIONS);
     tally_client_t *c = fleet_client();
-    send_hist(c, x, 0);
-    recv_applied(c);
+    tf_send_hist(&test_fleet, c, x, 0);
+    tf_recv_applied(c);
     uint64_t after_first[256];
     memcpy(after_first, model[x], sizeof after_first);
     tally_client_destroy(&c);
     assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
     member[0].pid = 0;
-    td_ckpt_manifest_t m = manifest_of(k);
+    td_ckpt_manifest_t m = tf_manifest(k);
     start(0, "15000");
     wait_taken(0, PARTITIONS);
     c = fleet_client();
-    send_hist(c, x, 1);
-    recv_applied(c);
-    send_hist(c, y, 0);
-    recv_applied(c);
+    tf_send_hist(&test_fleet, c, x, 1);
+    tf_recv_applied(c);
+    tf_send_hist(&test_fleet, c, y, 0);
+    tf_recv_applied(c);
     tally_client_destroy(&c);
-    kill_member(0);
+    th_daemon_kill(&member[0]);
     char cl[32];
     uint64_t first = 0, msgs = 0, last;
     tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
@@ -1465,16 +1334,16 @@ static void test_records_gone_before_checkpoint(void **state)
                            (unsigned long long)last - 1, member[1].log_path),
                      0);
     c = fleet_client();
-    check_stream(c, y);
+    tf_check_stream(&test_fleet, c, y);
     memcpy(model[x], after_first, sizeof after_first);
     seqs[x] = 1;
-    check_stream(c, x); /* its second write is lost */
-    send_hist(c, x, 1); /* seq 2 again: applied, not a duplicate */
+    tf_check_stream(&test_fleet, c, x); /* its second write is lost */
+    tf_send_hist(&test_fleet, c, x, 1); /* seq 2 again: applied, not a duplicate */
     tally_reply_t r;
     tally_reply_init(&r);
     assert_int_equal(tally_recv(c, &r), TALLY_OK);
     tally_reply_clear(&r);
-    check_stream(c, x);
+    tf_check_stream(&test_fleet, c, x);
     tally_client_destroy(&c);
     assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
     member[1].pid = 0;
@@ -1495,7 +1364,7 @@ static void test_records_gone_before_checkpoint(void **state)
 static void test_changelog_made_again(void **state)
 {
     (void)state;
-    fresh_fleet();
+    tf_fresh(&test_fleet);
     start(0, "3000");
     wait_taken(0, PARTITIONS);
     tally_client_t *c = fleet_client(); /* one a member's life: none waits for a member gone */
@@ -1507,7 +1376,7 @@ static void test_changelog_made_again(void **state)
     member[0].pid = 0;
     uint64_t before[PARTITIONS]; /* C[k] */
     for (uint32_t k = 0; k < PARTITIONS; k++) {
-        before[k] = manifest_of(k).cl_seq;
+        before[k] = tf_manifest(k).cl_seq;
         remove_changelog(k);
     }
     /* a makes the changelogs anew; its answered writes land below C[k], in no checkpoint. */
@@ -1516,8 +1385,8 @@ static void test_changelog_made_again(void **state)
     c = fleet_client();
     write_round(c, r++);
     tally_client_destroy(&c);
-    kill_member(0);
-    uint32_t k0 = partition_of(0);
+    th_daemon_kill(&member[0]);
+    uint32_t k0 = tf_partition_of(&test_fleet, 0);
     assert_true(changelog_last(k0) < before[k0]);
     start(1, "3000");
     check_taken_model(1);
@@ -1533,7 +1402,7 @@ static void test_changelog_made_again(void **state)
     member[1].pid = 0;
     for (uint32_t k = 0; k < PARTITIONS; k++) {
         uint64_t first = 0, msgs = 0;
-        assert_int_equal(manifest_of(k).cl_seq, changelog_last(k));
+        assert_int_equal(tf_manifest(k).cl_seq, changelog_last(k));
         changelog_state(k, &first, &msgs);
         assert_int_equal(msgs, 0);
     }
@@ -1549,7 +1418,7 @@ static void test_changelog_made_again(void **state)
             past &= changelog_last(k) > before[k];
     }
     tally_client_destroy(&c);
-    kill_member(1);
+    th_daemon_kill(&member[1]);
     start(0, "3000");
     check_taken_model(0);
     assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
@@ -1707,13 +1576,13 @@ static void wait_purged(uint32_t k, uint64_t last)
          changelog_state(k, &first, &msgs))
         th_sleep_ms(50);
     if (msgs > 0) {
-        dump_logs();
+        tf_dump_logs(&test_fleet);
         fail_msg("partition %u's changelog still holds %llu messages from %llu", (unsigned)k,
                  (unsigned long long)msgs, (unsigned long long)first);
     }
     assert_int_equal(first, last + 1); /* an empty stream's first: its last + 1 */
     assert_int_equal(changelog_last(k), last);
-    assert_int_equal(manifest_of(k).cl_seq, last);
+    assert_int_equal(tf_manifest(k).cl_seq, last);
 }
 
 /* A record on partition k's changelog expecting `expect` as its last sequence (a stale owner's
@@ -1743,7 +1612,7 @@ static void stale_publish_refused(uint32_t k, uint64_t expect)
 static void test_compaction_at_quiet_point(void **state)
 {
     (void)state;
-    fresh_fleet();
+    tf_fresh(&test_fleet);
     start_with(0, "6000", "2", "200");
     wait_taken(0, PARTITIONS);
     tally_client_t *c = fleet_client();
@@ -1757,19 +1626,19 @@ static void test_compaction_at_quiet_point(void **state)
     char v[64];
     assert_true(th_metric(&member[0], "tallyd_nats_changelog_purges_total") >= PARTITIONS);
     assert_true(atoll(info_value(&member[0], "nats_changelog_purges", v, sizeof v)) >= PARTITIONS);
-    uint32_t k0 = partition_of(0);
+    uint32_t k0 = tf_partition_of(&test_fleet, 0);
     stale_publish_refused(k0, last[k0] - 1);
     write_round(c, 2); /* a's chain goes on: the purge kept its last sequence */
     assert_true(changelog_last(k0) > last[k0]);
     assert_int_equal(th_metric(&member[0], "tallyd_nats_not_durable_total"), 0);
-    kill_member(0);
+    th_daemon_kill(&member[0]);
     start(1, "6000");
     wait_taken(1, PARTITIONS);
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     assert_int_equal(th_metric(&member[1], "tallyd_nats_changelog_lost_total"), 0);
     write_round(c, 3); /* b's fence and records: after the purges, in no checkpoint */
     tally_client_destroy(&c);
-    kill_member(1);
+    th_daemon_kill(&member[1]);
     char cl[32];
     tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k0);
     uint64_t first0 = 0, msgs0 = 0, first = 0, msgs = 0;
@@ -1813,9 +1682,9 @@ static void write_rounds_in_flight(tally_client_t *c, int from, int n)
 {
     for (int r = from; r < from + n; r++) {
         for (int s = 0; s < STREAMS; s++)
-            send_hist(c, s, r);
+            tf_send_hist(&test_fleet, c, s, r);
         for (int s = 0; s < STREAMS; s++)
-            recv_applied(c);
+            tf_recv_applied(c);
     }
 }
 
@@ -1829,7 +1698,7 @@ static void write_rounds_in_flight(tally_client_t *c, int from, int n)
 static void test_no_purge_past_checkpoint(void **state)
 {
     (void)state;
-    fresh_fleet();
+    tf_fresh(&test_fleet);
     char dir[256], gate[300];
     gate_at(dir, sizeof dir, gate, sizeof gate);
     setenv("TALLYD_TEST_PURGE_GATE", gate, 1);
@@ -1840,10 +1709,10 @@ static void test_no_purge_past_checkpoint(void **state)
     write_round(c, 0);
     int k = wait_gated(0, "purge");
     int s = 0;
-    while (partition_of(s) != (uint32_t)k)
+    while (tf_partition_of(&test_fleet, s) != (uint32_t)k)
         s++; /* the plan's hash spreads 16 streams over 4 partitions: one is there */
-    send_hist(c, s, 1);
-    recv_applied(c); /* stored after the gated checkpoint's cl_seq; nothing waits */
+    tf_send_hist(&test_fleet, c, s, 1);
+    tf_recv_applied(c); /* stored after the gated checkpoint's cl_seq; nothing waits */
     gate_open(gate);
     char said[256] = "";
     for (int64_t until = th_now_ms() + TIMEOUT_MS;
@@ -1851,19 +1720,19 @@ static void test_no_purge_past_checkpoint(void **state)
         th_sleep_ms(20);
     print_message("partition %d's first compaction: %s\n", k, said);
     if (!strstr(said, "kept") || !strstr(said, "records were stored after the checkpoint"))
-        dump_logs();
+        tf_dump_logs(&test_fleet);
     assert_non_null(strstr(said, "kept"));
     assert_non_null(strstr(said, "records were stored after the checkpoint"));
     write_rounds_in_flight(c, 2, ROUNDS); /* records newer than each checkpoint */
-    kill_member(0);
+    th_daemon_kill(&member[0]);
     start_with(1, "15000", "20", "200"); /* records wait 20 ms: often at a checkpoint */
     wait_taken(1, PARTITIONS);
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     assert_int_equal(th_metric(&member[1], "tallyd_nats_changelog_lost_total"), 0);
     /* The same on b, stopped cleanly (a coverage build counts what a killed process ran not),
      * its compactions meeting records waiting in a batch or for their PubAck. */
     write_rounds_in_flight(c, 2 + ROUNDS, 4 * ROUNDS);
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     tally_client_destroy(&c);
     assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
     member[1].pid = 0;
@@ -1880,13 +1749,13 @@ static void test_messages_in_flight(void **state)
     (void)state;
     char dir[256], gate[300];
     start_ack_gated(dir, sizeof dir, gate, sizeof gate, "1");
-    uint32_t k = partition_of(0);
+    uint32_t k = tf_partition_of(&test_fleet, 0);
     tally_client_t *c = fleet_client();
     write_round(c, 0);
     assert_int_equal(unlink(gate), 0); /* the PubAcks held from here */
     uint64_t before = changelog_last(k);
     for (int r = 1; r <= IN_FLIGHT_WRITES; r++) {
-        send_hist(c, 0, r);
+        tf_send_hist(&test_fleet, c, 0, r);
         th_sleep_ms(20);
     }
     /* The PubAck of the first is held: the member goes on to CL_DEPTH messages, not further. */
@@ -1899,15 +1768,15 @@ static void test_messages_in_flight(void **state)
     print_message("%llu messages stored with the first PubAck held\n", (unsigned long long)stored);
     assert_int_equal(stored, CL_DEPTH_WANT);
     for (int r = 1; r <= IN_FLIGHT_WRITES; r++)
-        recv_applied(c);
-    check_stream(c, 0);
+        tf_recv_applied(c);
+    tf_check_stream(&test_fleet, c, 0);
     check_last_record(0);
     /* Writes in flight across two elections of partition k's changelog leader. */
     char cl[32];
     tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
     int streams[STREAMS], n = 0;
     for (int s = 0; s < STREAMS; s++)
-        if (partition_of(s) == k)
+        if (tf_partition_of(&test_fleet, s) == k)
             streams[n++] = s;
     char stepdown[128];
     snprintf(stepdown, sizeof stepdown, "$JS.API.STREAM.LEADER.STEPDOWN.%s", cl);
@@ -1918,13 +1787,13 @@ static void test_messages_in_flight(void **state)
         natsMsg_Destroy(reply);
         for (int r = 0; r < 8; r++)
             for (int i = 0; i < n; i++)
-                send_hist(c, streams[i], 10 + 10 * e + r);
+                tf_send_hist(&test_fleet, c, streams[i], 10 + 10 * e + r);
         for (int r = 0; r < 8; r++)
             for (int i = 0; i < n; i++)
-                recv_applied(c);
+                tf_recv_applied(c);
     }
     for (int i = 0; i < n; i++) {
-        check_stream(c, streams[i]);
+        tf_check_stream(&test_fleet, c, streams[i]);
         check_last_record(streams[i]);
     }
     assert_int_equal(th_metric(&member[0], "tallyd_nats_not_durable_total"), 0);
@@ -2008,9 +1877,9 @@ static cut_message_t cut_message(jsCtx *js, uint64_t seq, const char *name)
 static uint64_t wait_stored(jsCtx *js, uint64_t before, uint64_t count)
 {
     int64_t until = th_now_ms() + TIMEOUT_MS;
-    while (changelog_last_on(js, 0) - before < count && th_now_ms() < until)
+    while (tf_changelog_last(js, 0) - before < count && th_now_ms() < until)
         th_sleep_ms(1);
-    uint64_t stored = changelog_last_on(js, 0) - before;
+    uint64_t stored = tf_changelog_last(js, 0) - before;
     assert_true(stored >= count);
     return stored;
 }
@@ -2041,7 +1910,7 @@ static bool cut_with_s_left(tally_client_t *w, tally_client_t *q, jsCtx *js, con
                             char (*others)[32], int per_msg, const char *s, uint64_t seq,
                             uint64_t *before)
 {
-    *before = changelog_last_on(js, 0);
+    *before = tf_changelog_last(js, 0);
     assert_int_equal(unlink(gate), 0);
     cut_send(w, others[0], 1);
     assert_int_equal(wait_stored(js, *before, 1), 1);
@@ -2140,8 +2009,8 @@ static void test_record_replaces_cut_rest(void **state)
     /* S's first write (interval t-1), stored: the size of a stream's first record. */
     const char *s = cut_names[0]; /* S */
     cut_send(w, s, 1);
-    recv_applied(w);
-    cut_message_t m = cut_message(js, changelog_last_on(js, 0), s);
+    tf_recv_applied(w);
+    cut_message_t m = cut_message(js, tf_changelog_last(js, 0), s);
     assert_int_equal(m.records, 1);
     assert_int_equal(m.of_name, 1);
     size_t first_size = m.size;
@@ -2166,14 +2035,14 @@ static void test_record_replaces_cut_rest(void **state)
     cut_send(w, s, 3);
     wait_applied(q, s, 3);
     /* S's record waits: every flight is out */
-    assert_int_equal(changelog_last_on(js, 0) - before, 4);
+    assert_int_equal(tf_changelog_last(js, 0) - before, 4);
     gate_open(g.gate);
     print_message("%d records of %zu bytes a message; the batch cut in %lld ms, the PubAcks held "
                   "%lld ms (try %d)\n",
                   per_msg, first_size, (long long)cut_ms, (long long)(th_now_ms() - t0), tries);
     recv_ok(w, 1 + 3 * per_msg + 2);
     /* The last message: S's one record, its ring's slots of both intervals. */
-    assert_int_equal(changelog_last_on(js, 0) - before, 5);
+    assert_int_equal(tf_changelog_last(js, 0) - before, 5);
     m = cut_message(js, before + 5, s);
     assert_int_equal(m.records, 1);
     assert_int_equal(m.of_name, 1);
@@ -2182,7 +2051,7 @@ static void test_record_replaces_cut_rest(void **state)
     assert_int_equal(m.slots, 2);
     tally_client_destroy(&g.q);
     tally_client_destroy(&g.w);
-    kill_member(0);
+    th_daemon_kill(&member[0]);
     member_clock = g.clock;
     start_commit(1, "3000", "2");
     member_clock = NULL;
@@ -2240,7 +2109,7 @@ static void test_record_past_a_message(void **state)
     partition0_names(names, 5, "over/", 0);
     tally_client_t *w = g.w, *q = g.q;
     jsCtx *js = g.js;
-    uint64_t before = changelog_last_on(js, 0);
+    uint64_t before = tf_changelog_last(js, 0);
     assert_int_equal(unlink(g.gate), 0);
     for (uint64_t i = 1; i <= 4; i++) { /* a message each, none settled */
         cut_send(w, names[i], 1);
@@ -2299,24 +2168,24 @@ static void busy_then_idle(tally_client_t *c, uint32_t k, const char *gate)
     long long quick = quick_batches();
     assert_int_equal(unlink(gate), 0);
     uint64_t was = changelog_last(k);
-    send_hist(c, 0, r++); /* A2 */
+    tf_send_hist(&test_fleet, c, 0, r++); /* A2 */
     wait_changelog(k, was + 1);
     for (int i = 0; i < BUSY_WRITES; i++)
-        send_hist(c, 0, r++);
+        tf_send_hist(&test_fleet, c, 0, r++);
     wait_changelog(k, was + 2);
     gate_open(gate);
     for (int i = 0; i <= BUSY_WRITES; i++)
-        recv_applied(c);
+        tf_recv_applied(c);
     assert_int_equal(quick_batches(), quick + 1);
     double waited = stage_metric("sum", "batch");
     uint64_t mid = changelog_last(k);
-    send_hist(c, 0, r++); /* C */
-    recv_applied(c);
+    tf_send_hist(&test_fleet, c, 0, r++); /* C */
+    tf_recv_applied(c);
     assert_int_equal(changelog_last(k), mid + 1);
     assert_int_equal(quick_batches(), quick + 1);
     assert_true(stage_metric("sum", "batch") - waited >= 0.99);
-    send_hist(c, 0, r); /* D */
-    recv_applied(c);
+    tf_send_hist(&test_fleet, c, 0, r); /* D */
+    tf_recv_applied(c);
     assert_int_equal(changelog_last(k), mid + 2);
     assert_int_equal(quick_batches(), quick + 2);
 }
@@ -2342,11 +2211,11 @@ static void test_idle_partition_at_once(void **state)
     char dir[256], gate[300];
     start_ack_gated(dir, sizeof dir, gate, sizeof gate, "1000");
     tally_client_t *c = fleet_client();
-    uint32_t k = partition_of(0);
+    uint32_t k = tf_partition_of(&test_fleet, 0);
     uint64_t before = changelog_last(k); /* writes one at a time: nothing in flight at each */
     for (int r = 0; r < IDLE_WRITES; r++) {
-        send_hist(c, 0, r);
-        recv_applied(c);
+        tf_send_hist(&test_fleet, c, 0, r);
+        tf_recv_applied(c);
     }
     print_message("%d writes one at a time: %llu changelog messages, %lld batches under 0.25 s\n",
                   IDLE_WRITES, (unsigned long long)(changelog_last(k) - before), quick_batches());
@@ -2359,19 +2228,19 @@ static void test_idle_partition_at_once(void **state)
     tally_client_t *q = NULL;
     assert_int_equal(tally_client_new(member[0].endpoint, TIMEOUT_MS, &q), TALLY_OK);
     assert_int_equal(unlink(gate), 0);
-    send_hist(c, 0, IDLE_WRITES);
+    tf_send_hist(&test_fleet, c, 0, IDLE_WRITES);
     wait_changelog(k, before + IDLE_WRITES + 1);
-    send_hist(c, 0, IDLE_WRITES + 1);
+    tf_send_hist(&test_fleet, c, 0, IDLE_WRITES + 1);
     wait_applied(q, "cl/0", seqs[0]);
     gate_open(gate);
-    recv_applied(c);
-    recv_applied(c);
+    tf_recv_applied(c);
+    tf_recv_applied(c);
     assert_int_equal(changelog_last(k) - before, IDLE_WRITES + 2);
     assert_int_equal(records_of(k, before + IDLE_WRITES + 2, 0), 1);
     assert_int_equal(quick_batches(), IDLE_WRITES + 2);
     busy_then_idle(c, k, gate);
     check_last_record(0);
-    check_stream(c, 0);
+    tf_check_stream(&test_fleet, c, 0);
     tally_client_destroy(&q);
     tally_client_destroy(&c);
     assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
@@ -2380,12 +2249,12 @@ static void test_idle_partition_at_once(void **state)
     start_commit_only(0, "15000", "1000");
     wait_taken(0, PARTITIONS);
     c = fleet_client();
-    send_hist(c, 0, IDLE_WRITES + 2);
-    recv_applied(c);
+    tf_send_hist(&test_fleet, c, 0, IDLE_WRITES + 2);
+    tf_recv_applied(c);
     assert_int_equal((long long)stage_metric("count", "batch"), 1);
     assert_int_equal(quick_batches(), 0);
     assert_true(stage_metric("sum", "batch") >= 0.99);
-    check_stream(c, 0);
+    tf_check_stream(&test_fleet, c, 0);
     tally_client_destroy(&c);
     th_rmrf(dir);
 }
@@ -2408,34 +2277,36 @@ static void test_idle_partition_at_once(void **state)
 static void test_mode_changes(void **state)
 {
     (void)state;
-    fresh_fleet();
+    tf_fresh(&test_fleet);
     start(0, "3000");
     wait_taken(0, PARTITIONS);
     tally_client_t *c = fleet_client();
     write_round(c, 0);
     write_round(c, 1);
     tally_client_destroy(&c);
-    kill_member(0);
+    th_daemon_kill(&member[0]);
     member_direct = "off";
     start(1, "3000");
     member_direct = "replicated";
     wait_taken(1, PARTITIONS);
     c = nats_client();
-    check_model(c); /* a's answered writes, from its changelog */
+    tf_check_model(&test_fleet, c); /* a's answered writes, from its changelog */
     write_round(c, 2);
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     tally_client_destroy(&c);
     assert_int_equal(th_metric(&member[1], "tallyd_nats_changelog_lost_total"), 0);
     assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
     member[1].pid = 0;
     for (uint32_t k = 0; k < PARTITIONS; k++) /* b's checkpoints hold a's records and its fence */
-        assert_int_equal(manifest_of(k).cl_seq, changelog_last(k));
+        assert_int_equal(tf_manifest(k).cl_seq, changelog_last(k));
     start(0, "3000");
     check_taken_model(0);
     assert_int_equal(th_metric(&member[0], "tallyd_nats_changelog_replayed_total"), 0);
+    assert_true(th_daemon_log_contains(&member[0], "changelog: nothing to replay from"));
+    assert_false(th_daemon_log_contains(&member[0], "changelog: applied"));
     c = fleet_client();
     write_round(c, 3);
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     tally_client_destroy(&c);
 }
 

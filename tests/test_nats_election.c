@@ -19,6 +19,7 @@
 #include <cmocka.h>
 #include <nats/nats.h>
 
+#include "fleet_helpers.h"
 #include "harness.h"
 #include "nats_cluster.h"
 #include "tally.h"
@@ -52,20 +53,8 @@ static int lease_leader(void)
 static void test_lease_survives_the_buckets_election(void **state)
 {
     (void)state;
-    const char *args[] = {"--metrics",
-                          "127.0.0.1:0",
-                          "--nats-servers",
-                          tn_suite.urls,
-                          "--nats-replicas",
-                          "3",
-                          "--nats-partitions",
-                          "4",
-                          "--nats-member-id",
-                          "el",
-                          "--window-intervals",
-                          "0",
-                          NULL};
-    assert_int_equal(th_daemon_start(&w, args), 0);
+    const char *metrics[] = {"--metrics", "127.0.0.1:0", NULL};
+    assert_int_equal(tf_worker_start(&w, "el", PARTITIONS, metrics), 0);
     int held = 0;
     assert_true(tn_wait_leases(tn_suite_js, PARTITIONS, "el", PARTITIONS, 60000, &held) >= 0);
     /* every take finished (a lease key is written before the take's consumer: one cut short by

@@ -28,6 +28,7 @@
 #include <cmocka.h>
 #include <nats/nats.h>
 
+#include "fleet_helpers.h"
 #include "harness.h"
 #include "nats_cluster.h"
 #include "tally.h"
@@ -90,22 +91,9 @@ static void on_ckpt_write(natsConnection *c, natsSubscription *s, natsMsg *m, vo
  * not yet checkpointed when it is stopped (what it must then never write). */
 static void start_worker(int i)
 {
-    const char *args[] = {"--nats-servers",
-                          tn_suite.urls,
-                          "--nats-replicas",
-                          "3",
-                          "--nats-partitions",
-                          "8",
-                          "--nats-lease-ttl-ms",
-                          "4000",
-                          "--nats-checkpoint-interval-ms",
-                          i == 1 ? "10000" : "250",
-                          "--nats-member-id",
-                          ids[i],
-                          "--window-intervals",
-                          "0",
-                          NULL};
-    assert_int_equal(th_daemon_start(&workers[i], args), 0);
+    const char *extra[] = {"--nats-lease-ttl-ms", "4000", "--nats-checkpoint-interval-ms",
+                           i == 1 ? "10000" : "250", NULL};
+    assert_int_equal(tf_worker_start(&workers[i], ids[i], PARTITIONS, extra), 0);
 }
 
 /* The holder of every partition's lease into holders[k] ("" when free). */

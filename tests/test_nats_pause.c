@@ -39,6 +39,7 @@
 #include <cmocka.h>
 #include <nats/nats.h>
 
+#include "fleet_helpers.h"
 #include "harness.h"
 #include "nats_cluster.h"
 #include "tally.h"
@@ -270,24 +271,10 @@ static uint64_t lease_revision(uint32_t k)
 static void test_worker_paused_past_the_write_deadline(void **state)
 {
     (void)state;
-    const char *args[] = {"--metrics",
-                          "127.0.0.1:0",
-                          "--nats-servers",
-                          tn_suite.urls,
-                          "--nats-replicas",
-                          "3",
-                          "--nats-partitions",
-                          "4",
-                          "--nats-lease-ttl-ms",
-                          "60000",
-                          "--nats-checkpoint-interval-ms",
-                          "1000",
-                          "--nats-member-id",
-                          "pw",
-                          "--window-intervals",
-                          "0",
-                          NULL};
-    assert_int_equal(th_daemon_start(&worker, args), 0);
+    const char *extra[] = {
+        "--nats-lease-ttl-ms", "60000", "--nats-checkpoint-interval-ms", "1000", "--metrics",
+        "127.0.0.1:0",         NULL};
+    assert_int_equal(tf_worker_start(&worker, "pw", PARTITIONS, extra), 0);
     int held = 0;
     assert_true(tn_wait_leases(tn_suite_js, PARTITIONS, "pw", PARTITIONS, 60000, &held) >= 0);
     natsSubscription *rs = NULL;

@@ -79,6 +79,7 @@
 #include <nats/nats.h>
 #include <zmq.h>
 
+#include "fleet_helpers.h"
 #include "harness.h"
 #include "nats_cluster.h"
 #include "reference.h"
@@ -100,6 +101,7 @@ static const char *const ids[2] = {"route-a", "route-b"};
 /* The model: each stream's u8 histogram and the last seq sent to it. */
 static uint64_t model[STREAMS][256];
 static uint64_t seqs[STREAMS];
+static const tf_fleet_t test_fleet = {"route", STREAMS, model, seqs, PARTITIONS, member, ids, 2};
 
 static int setup(void **state)
 {
@@ -110,8 +112,7 @@ static int setup(void **state)
 static int stop_members(void **state)
 {
     (void)state;
-    for (int i = 0; i < 2; i++)
-        th_daemon_end(&member[i]);
+    tf_members_end(&test_fleet);
     return 0;
 }
 
@@ -136,11 +137,9 @@ static int teardown(void **state)
 /* No fleet on the cluster: each test's members make their own. */
 static void fresh_fleet(void)
 {
-    tn_fleet_delete(tn_suite_js, PARTITIONS);
+    tf_fresh(&test_fleet);
     kvStore_Destroy(leases);
     leases = NULL;
-    memset(model, 0, sizeof model);
-    memset(seqs, 0, sizeof seqs);
 }
 
 /* Member i, with another endpoint to advertise (NULL: its first bind, the harness's tcp) and
@@ -224,34 +223,13 @@ static void wait_held(const char *id, int count)
         fail_msg("%s holds %d partitions, not %d", id, held, count);
 }
 
-static void stream_name(int s, char *out, size_t cap)
-{
-    snprintf(out, cap, "route/%d", s);
-}
-
-static uint32_t partition_of(int s)
-{
-    char name[32];
-    stream_name(s, name, sizeof name);
-    return tally_partition(name, strlen(name), PARTITIONS);
-}
-
-/* Stream s's next batch of round r, in the model when `counted`. */
-static size_t batch(int s, int r, uint8_t *out)
-{
-    size_t n = 200 + (size_t)(s * 7 + r * 13) % 300;
-    for (size_t j = 0; j < n; j++)
-        out[j] = (uint8_t)(s * 31 + r * 7 + j * 13 + (j >> 3));
-    return n;
-}
-
 /* An unnumbered u8 hist request for stream s, its batch of round r into data (600 bytes) and
  * its length into *n. */
 static tally_req_t hist_req(int s, int r, uint8_t *data, size_t *n)
 {
-    *n = batch(s, r, data);
+    *n = tf_batch(s, r, data);
     char name[32];
-    stream_name(s, name, sizeof name);
+    tf_stream_name(&test_fleet, s, name, sizeof name);
     tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
     assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
     return req;
@@ -305,17 +283,6 @@ static void recv_ok(tally_client_t *c, int count)
     }
 }
 
-/* Every stream, queried through the fleet client, equals the model. */
-static void check_model(tally_client_t *c)
-{
-    for (int s = 0; s < STREAMS; s++) {
-        char name[32], why[160];
-        stream_name(s, name, sizeof name);
-        if (th_stream_differs(c, name, seqs[s], model[s], why, sizeof why))
-            fail_msg("%s", why);
-    }
-}
-
 /* `streams` through the fleet client lists every test stream once, from every owner, with no
  * partition missing (a member alone lists only the streams it holds). */
 static void check_streams(tally_client_t *c)
@@ -340,22 +307,12 @@ static void check_streams(tally_client_t *c)
             fail_msg("streams lists route/%d %d times, not once", s, seen[s]);
 }
 
-static tally_client_t *fleet_client(void)
-{
-    tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = TIMEOUT_MS};
-    tally_client_t *c = NULL;
-    tally_status_t st = tally_client_new_fleet(&o, &c, msg, sizeof msg);
-    if (st != TALLY_OK)
-        fail_msg("tally_client_new_fleet: %s: %s", tally_status_name(st), msg);
-    return c;
-}
-
 /* A stream whose partition `id` holds. */
 static int stream_held_by(const char *id)
 {
     for (int s = 0; s < STREAMS; s++) {
         char h[80];
-        holder(partition_of(s), h, sizeof h);
+        holder(tf_partition_of(&test_fleet, s), h, sizeof h);
         if (strcmp(h, id) == 0)
             return s;
     }
@@ -431,11 +388,11 @@ static void test_owner_and_not_owner(void **state)
     tally_client_t *a = NULL;
     assert_int_equal(tally_client_new(member[0].endpoint, TIMEOUT_MS, &a), TALLY_OK);
     char name[32], want[256];
-    stream_name(sb, name, sizeof name);
-    snprintf(want, sizeof want, "partition %u is owned by %s at %s", (unsigned)partition_of(sb),
-             ids[1], member[1].endpoint);
+    tf_stream_name(&test_fleet, sb, name, sizeof name);
+    snprintf(want, sizeof want, "partition %u is owned by %s at %s",
+             (unsigned)tf_partition_of(&test_fleet, sb), ids[1], member[1].endpoint);
     uint8_t data[600];
-    size_t n = batch(sb, 0, data);
+    size_t n = tf_batch(sb, 0, data);
     tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
     assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
     tally_reply_t r;
@@ -456,8 +413,8 @@ static void test_owner_and_not_owner(void **state)
     assert_int_equal(tally_query(a, name, &info), TALLY_E_NOT_OWNER);
     assert_string_equal(tally_status_name(TALLY_E_NOT_OWNER), "not_owner");
     /* A stream of a's, sent to a: applied. */
-    stream_name(sa, name, sizeof name);
-    n = batch(sa, 0, data);
+    tf_stream_name(&test_fleet, sa, name, sizeof name);
+    n = tf_batch(sa, 0, data);
     assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
     assert_int_equal(tally_call(a, &req, data, n, &r), TALLY_OK);
     tally_reply_clear(&r);
@@ -479,11 +436,11 @@ static void test_owner_and_not_owner(void **state)
                      true);
 
     /* The fleet client: every stream to its owner, numbered, pipelined. */
-    tally_client_t *c = fleet_client();
+    tally_client_t *c = tf_fleet_client(tn_suite.urls, TIMEOUT_MS);
     for (int s = 0; s < STREAMS; s++)
         send_hist(c, s, 1, true);
     recv_ok(c, STREAMS);
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     tally_client_destroy(&c);
     /* HTTP on a, for a stream of b's: a read is asked of the fleet (b's record); a write is
      * answered 421 `not_owner` (PROTOCOL.md §12, §13). */
@@ -531,7 +488,7 @@ static void test_handover_follows_not_owner(void **state)
     wait_held(ids[0], PARTITIONS);
     published(ids[0], seen, sizeof seen);
     assert_string_equal(seen, ipc);
-    tally_client_t *c = fleet_client();
+    tally_client_t *c = tf_fleet_client(tn_suite.urls, TIMEOUT_MS);
     for (int r = 0; r < 3; r++) {
         for (int s = 0; s < STREAMS; s++)
             send_hist(c, s, r, true);
@@ -545,9 +502,9 @@ static void test_handover_follows_not_owner(void **state)
      * first, and follows a's not_owner to b. */
     int sb = stream_held_by(ids[1]);
     char name[32];
-    stream_name(sb, name, sizeof name);
+    tf_stream_name(&test_fleet, sb, name, sizeof name);
     uint8_t data[600];
-    size_t n = batch(sb, 9, data);
+    size_t n = tf_batch(sb, 9, data);
     tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
     assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
     tally_run_opts_t ro = {.seq = TALLY_RUN_SEQ_APPEND};
@@ -574,7 +531,7 @@ static void test_handover_follows_not_owner(void **state)
             send_hist(c, s, r, true);
         recv_ok(c, STREAMS);
     }
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     assert_true(th_metric(&member[0], "tallyd_nats_not_owner_total") >= 1);
     /* a stops with four numbered requests of each of its streams queued to it (sent while it
      * was stopped, the stop signal pending at its SIGCONT): those it does not apply (answered
@@ -586,7 +543,7 @@ static void test_handover_follows_not_owner(void **state)
     int mine[STREAMS], count = 0;
     for (int s = 0; s < STREAMS; s++) {
         char h[80];
-        holder(partition_of(s), h, sizeof h);
+        holder(tf_partition_of(&test_fleet, s), h, sizeof h);
         if (strcmp(h, ids[0]) == 0)
             mine[count++] = s;
     }
@@ -603,7 +560,7 @@ static void test_handover_follows_not_owner(void **state)
     wait_held(ids[1], PARTITIONS);
     /* c still names a the owner of the streams whose replies came from a before it stopped:
      * a send there waits a probe for a's connection, not its whole timeout, and goes to b. */
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     tally_client_destroy(&c);
     stop_clean();
     th_rmrf(dir);
@@ -621,7 +578,7 @@ static tally_client_t *two_owners_written(int rounds)
     start(1, "200", NULL);
     wait_held(ids[0], PARTITIONS / 2);
     wait_held(ids[1], PARTITIONS / 2);
-    tally_client_t *c = fleet_client();
+    tally_client_t *c = tf_fleet_client(tn_suite.urls, TIMEOUT_MS);
     for (int r = 0; r < rounds; r++) {
         for (int s = 0; s < STREAMS; s++)
             send_hist(c, s, r, true);
@@ -666,7 +623,8 @@ static void test_kill_owner_resends_once(void **state)
     assert_int_equal(ok, STREAMS);
     assert_int_equal(transport, 1);
     wait_held(ids[0], PARTITIONS);
-    check_model(c); /* each resent numbered request applied once; the unnumbered one not */
+    tf_check_model(&test_fleet,
+                   c); /* each resent numbered request applied once; the unnumbered one not */
     tally_client_destroy(&c);
     stop_clean();
 }
@@ -705,7 +663,7 @@ static void test_stopped_owner_forgets_uncommitted(void **state)
     fresh_fleet();
     start(0, "3600000", NULL);
     wait_held(ids[0], PARTITIONS);
-    tally_client_t *c = fleet_client();
+    tally_client_t *c = tf_fleet_client(tn_suite.urls, TIMEOUT_MS);
     for (int s = 0; s < STREAMS; s++)
         send_hist(c, s, 0, true);
     recv_ok(c, STREAMS);
@@ -769,7 +727,7 @@ static void test_owner_gone_reroutes(void **state)
         fail_msg("answered %lld ms after the owner was killed (bound %d ms, timeout %d ms)",
                  (long long)took, REROUTE_BOUND_MS, TIMEOUT_MS);
     assert_int_equal(held_by(ids[0]), PARTITIONS);
-    check_model(c);   /* each applied once: last_seq and bins equal the model */
+    tf_check_model(&test_fleet, c); /* each applied once: last_seq and bins equal the model */
     check_streams(c); /* all a's now */
     tally_client_destroy(&c);
     stop_clean();
@@ -862,7 +820,7 @@ static void end_faked(kvStore *fleet, kvStore *ls, kvStore *eps)
 static int stream_in(uint32_t k)
 {
     for (int s = 0; s < STREAMS; s++)
-        if (partition_of(s) == k)
+        if (tf_partition_of(&test_fleet, s) == k)
             return s;
     fail_msg("no test stream in partition %u", (unsigned)k);
     return -1;
@@ -901,7 +859,7 @@ static void test_no_owner(void **state)
     assert_non_null(strstr(tally_client_error(c), "partition 1 has no owner"));
     /* A push numbered from the stream's last_seq: no owner to ask it of. */
     char name[32];
-    stream_name(s2, name, sizeof name);
+    tf_stream_name(&test_fleet, s2, name, sizeof name);
     tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
     assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
     tally_run_opts_t ro = {.seq = TALLY_RUN_SEQ_APPEND};
@@ -1189,7 +1147,7 @@ static void test_resends_keep_stream_order(void **state)
 
 /* ---- 5. shared memory through the fleet client ------------------------------------------- */
 
-#define SLOT 1024 /* bytes of the region for each stream's batch (batch() writes up to 500) */
+#define SLOT 1024 /* bytes of the region for each stream's batch (tf_batch writes up to 500) */
 
 /* Stream s's numbered hist of round r by reference to its slot of region `in`: the batch
  * written there, its counts into want (256) and the model. The request id into *id. */
@@ -1197,9 +1155,9 @@ static tally_status_t send_hist_shm(tally_client_t *c, tally_region_t *in, int s
                                     uint64_t *want, uint64_t *id)
 {
     uint8_t *at = (uint8_t *)tally_region_data(in) + (size_t)s * SLOT;
-    size_t n = batch(s, r, at);
+    size_t n = tf_batch(s, r, at);
     char name[32];
-    stream_name(s, name, sizeof name);
+    tf_stream_name(&test_fleet, s, name, sizeof name);
     tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
     assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
     req.seq = seqs[s] + 1;
@@ -1255,12 +1213,12 @@ static void hist_shm_all(tally_client_t *c, tally_region_t *in, int r, const boo
 static void filter_shm(tally_client_t *c, tally_region_t *in, tally_region_t *out, int s)
 {
     const uint8_t *at = (const uint8_t *)tally_region_data(in) + (size_t)s * SLOT;
-    size_t n = batch(s, 0, (uint8_t *)tally_region_data(in) + (size_t)s * SLOT);
+    size_t n = tf_batch(s, 0, (uint8_t *)tally_region_data(in) + (size_t)s * SLOT);
     char name[32];
     int j = 0; /* a filter stream in s's partition, apart from the model's */
     do
         snprintf(name, sizeof name, "shmf/%d", j++);
-    while (tally_partition(name, strlen(name), PARTITIONS) != partition_of(s));
+    while (tally_partition(name, strlen(name), PARTITIONS) != tf_partition_of(&test_fleet, s));
     tally_req_t req = th_req(TALLY_OP_FILTER, TALLY_DTYPE_U8, 0);
     assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
     req.flags |= TALLY_FLAG_FILTER_STABLE;
@@ -1320,7 +1278,7 @@ static void test_shm_through_fleet(void **state)
     assert_int_equal(strlen(mine), 36);
     assert_string_equal(host, mine);
 
-    tally_client_t *c = fleet_client();
+    tally_client_t *c = tf_fleet_client(tn_suite.urls, TIMEOUT_MS);
     tally_region_t *in = NULL, *out = NULL;
     assert_int_equal(tally_region_create(c, STREAMS * SLOT, &in), TALLY_OK);
     assert_int_equal(tally_region_create(c, SLOT, &out), TALLY_OK);
@@ -1354,7 +1312,7 @@ static void test_shm_through_fleet(void **state)
     bool of_a[STREAMS];
     for (int s = 0; s < STREAMS; s++) {
         char h[80];
-        holder(partition_of(s), h, sizeof h);
+        holder(tf_partition_of(&test_fleet, s), h, sizeof h);
         of_a[s] = strcmp(h, ids[0]) == 0;
     }
     hist_shm_all(c, in, 1, of_a, NULL);
@@ -1375,7 +1333,7 @@ static void test_shm_through_fleet(void **state)
     hist_shm_all(c, in, 3, NULL, NULL);
     assert_true(th_metric(&member[0], "tallyd_nats_not_owner_total") > followed);
     hist_shm_all(c, in, 4, NULL, NULL);
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     filter_shm(c, in, out, stream_held_by(ids[0]));
     filter_shm(c, in, out, stream_held_by(ids[1]));
     wait_regions(&member[0], 2);
@@ -1395,7 +1353,7 @@ static void test_shm_through_fleet(void **state)
     wait_held(ids[1], PARTITIONS / 2);
     wait_regions(&member[0], 0);
     hist_shm_all(c, in, 5, NULL, NULL);
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     wait_regions(&member[0], 1);
 
     /* b stopped (SIGSTOP) with a numbered request by reference on every stream of its, then
@@ -1408,7 +1366,7 @@ static void test_shm_through_fleet(void **state)
     assert_int_equal(kill(member[1].pid, SIGSTOP), 0);
     hist_shm_all(c, in, 6, NULL, kill_b);
     wait_held(ids[0], PARTITIONS);
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     tally_region_destroy(&in);
     assert_null(in);
     wait_regions(&member[0], 0);
@@ -1420,10 +1378,10 @@ static void test_shm_through_fleet(void **state)
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
     uint8_t data[600];
-    size_t n = batch(sb, 9, data);
+    size_t n = tf_batch(sb, 9, data);
     assert_int_equal(fwrite(data, 1, n, f), n);
     fclose(f);
-    stream_name(sb, name, sizeof name);
+    tf_stream_name(&test_fleet, sb, name, sizeof name);
     th_cli_t q = th_cli(dir, member[0].endpoint, "--fleet %s hist --stream %s --in %s --shm",
                         tn_suite.urls, name, path);
     if (q.status != 0)
@@ -1431,9 +1389,9 @@ static void test_shm_through_fleet(void **state)
     th_cli_free(&q);
     tr_hist_parts(TALLY_DTYPE_U8, data, n, 0, 0, model[sb], NULL, NULL);
     seqs[sb]++; /* the CLI numbers a stream's chunks from its last_seq */
-    c = fleet_client();
+    c = tf_fleet_client(tn_suite.urls, TIMEOUT_MS);
     char why[160];
-    stream_name(sb, name, sizeof name);
+    tf_stream_name(&test_fleet, sb, name, sizeof name);
     if (th_stream_differs(c, name, seqs[sb], model[sb], why, sizeof why))
         fail_msg("%s", why);
     tally_client_destroy(&c);
@@ -1471,7 +1429,7 @@ static void test_shm_refusals(void **state)
     put(eps, "no-shm", rec);
     snprintf(rec, sizeof rec, "zmq=%s\nhost=%s\nshm=%s\n", ep, host, side);
     put(eps, "local", rec);
-    tally_client_t *c = fleet_client();
+    tally_client_t *c = tf_fleet_client(tn_suite.urls, TIMEOUT_MS);
     tally_region_t *in = NULL;
     assert_int_equal(tally_region_create(c, STREAMS * SLOT, &in), TALLY_OK);
     const char *why[PARTITIONS] = {"member no-host (", "member elsewhere (", "member no-shm (",
@@ -1492,7 +1450,7 @@ static void test_shm_refusals(void **state)
     assert_int_equal(send_hist_shm(c, in, s3, 0, want, &id), TALLY_OK);
     recv_ok(c, 1);
     char name[32];
-    stream_name(s3, name, sizeof name);
+    tf_stream_name(&test_fleet, s3, name, sizeof name);
     tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
     assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
     tally_reply_t r;
@@ -1515,7 +1473,7 @@ static void test_shm_refusals(void **state)
     snprintf(rec, sizeof rec, "zmq=%s\nhost=%s\nshm=/nowhere\n", member[1].endpoint, host);
     put(eps, "liar", rec);
     put(ls, "p3", "liar");
-    tally_client_t *c2 = fleet_client();
+    tally_client_t *c2 = tf_fleet_client(tn_suite.urls, TIMEOUT_MS);
     tally_region_t *third = NULL;
     assert_int_equal(tally_region_create(c2, 4096, &third), TALLY_OK);
     assert_int_equal(tally_call_shm(c2, &req, third, 0, 64, NULL, 0, &r), TALLY_E_ARG);
@@ -1561,7 +1519,7 @@ static void test_shm_pieces_through_fleet(void **state)
     const char *extra[] = {"--max-batch", "64K", NULL};
     start_with(0, "200", NULL, extra);
     wait_held(ids[0], PARTITIONS);
-    tally_client_t *c = fleet_client();
+    tally_client_t *c = tf_fleet_client(tn_suite.urls, TIMEOUT_MS);
     size_t len = (1u << 20) + 5; /* 16 pieces and 5 bytes */
     tally_region_t *in = NULL;
     assert_int_equal(tally_region_create(c, len, &in), TALLY_OK);
@@ -1683,12 +1641,12 @@ static void test_curve_through_fleet(void **state)
     for (int s = 0; s < STREAMS; s++)
         send_hist(c, s, 0, true);
     recv_ok(c, STREAMS);
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     tally_client_destroy(&c);
 
     /* no keys: refused for either member; member a's key pinned: b refused, a's taken */
     int sa = stream_held_by(ids[0]), sb = stream_held_by(ids[1]);
-    tally_client_t *plain = fleet_client();
+    tally_client_t *plain = tf_fleet_client(tn_suite.urls, TIMEOUT_MS);
     refused_keys(plain, sa, ids[0], "takes CURVE connections only");
     refused_keys(plain, sb, ids[1], "takes CURVE connections only");
     tally_client_destroy(&plain);
@@ -1701,7 +1659,7 @@ static void test_curve_through_fleet(void **state)
     send_hist(c, sa, 1, true);
     recv_ok(c, 1);
     char name[32], why[160];
-    stream_name(sa, name, sizeof name);
+    tf_stream_name(&test_fleet, sa, name, sizeof name);
     if (th_stream_differs(c, name, seqs[sa], model[sa], why, sizeof why))
         fail_msg("%s", why);
     tally_client_destroy(&c);

@@ -32,14 +32,12 @@
 #include <cmocka.h>
 #include <nats/nats.h>
 
+#include "fleet_helpers.h"
 #include "harness.h"
 #include "nats_cluster.h"
-#include "reference.h"
-#include "stream_check.h"
 #include "tally.h"
 #include "tally_fleet.h"
 #include "td_fleet_plan.h"
-#include "td_nats_ckpt.h"
 
 #define PARTITIONS 4
 #define STREAMS 16
@@ -51,6 +49,7 @@ static th_daemon_t member[2];
 static const char *const ids[2] = {"sb-a", "sb-b"};
 static uint64_t model[STREAMS][256];
 static uint64_t seqs[STREAMS];
+static const tf_fleet_t test_fleet = {"sb", STREAMS, model, seqs, PARTITIONS, member, ids, 2};
 
 static int setup(void **state)
 {
@@ -61,8 +60,7 @@ static int setup(void **state)
 static int stop_members(void **state)
 {
     (void)state;
-    for (int i = 0; i < 2; i++)
-        th_daemon_end(&member[i]);
+    tf_members_end(&test_fleet);
     unsetenv("TALLYD_TEST_STANDBY_HOLD");
     return 0;
 }
@@ -71,13 +69,6 @@ static int teardown(void **state)
 {
     stop_members(state);
     return tn_suite_teardown();
-}
-
-static void fresh_fleet(void)
-{
-    tn_fleet_delete(tn_suite_js, PARTITIONS);
-    memset(model, 0, sizeof model);
-    memset(seqs, 0, sizeof seqs);
 }
 
 /* Member i, replicated, standbys = 1, lease 3 s, checkpoints ckpt_ms apart. */
@@ -105,40 +96,6 @@ static void start(int i, const char *ckpt_ms)
     assert_int_equal(th_daemon_start(&member[i], args), 0);
 }
 
-static void kill_member(int i)
-{
-    kill(member[i].pid, SIGKILL);
-    th_daemon_wait(&member[i], 5000);
-    member[i].pid = 0;
-}
-
-static void dump_logs(void)
-{
-    for (int i = 0; i < 2; i++) {
-        if (!member[i].log_path[0])
-            continue;
-        th_sh("echo '--- %s' >&2; grep -v '<7>' %s | tail -40 >&2", ids[i], member[i].log_path);
-    }
-}
-
-/* The partitions the plan gives member i of both. */
-static int planned(int i)
-{
-    int n = 0;
-    for (uint32_t k = 0; k < PARTITIONS; k++)
-        n += td_fleet_owner(ids, 2, k) == i;
-    return n;
-}
-
-static void wait_held(const char *id, int count)
-{
-    int held = 0;
-    if (tn_wait_leases(tn_suite_js, PARTITIONS, id, count, TIMEOUT_MS, &held) >= 0)
-        return;
-    dump_logs();
-    fail_msg("%s holds %d partitions, not %d", id, held, count);
-}
-
 /* Waits until member i's metric `name` is at least `at_least`; its value. */
 static long long wait_metric(int i, const char *name, long long at_least)
 {
@@ -147,43 +104,10 @@ static long long wait_metric(int i, const char *name, long long at_least)
     while ((v = th_metric(&member[i], name)) < at_least && th_now_ms() < until)
         th_sleep_ms(50);
     if (v < at_least) {
-        dump_logs();
+        tf_dump_logs(&test_fleet);
         fail_msg("%s of %s: %lld, not %lld or more", name, ids[i], v, at_least);
     }
     return v;
-}
-
-static void stream_name(int s, char *out, size_t cap)
-{
-    snprintf(out, cap, "sb/%d", s);
-}
-
-static void send_hist(tally_client_t *c, int s, int r)
-{
-    uint8_t data[600];
-    size_t n = 200 + (size_t)(s * 7 + r * 13) % 300;
-    for (size_t j = 0; j < n; j++)
-        data[j] = (uint8_t)(s * 31 + r * 7 + j * 13 + (j >> 3));
-    char name[32];
-    stream_name(s, name, sizeof name);
-    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
-    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
-    req.seq = ++seqs[s];
-    tally_status_t st = tally_send(c, &req, data, n, NULL);
-    if (st != TALLY_OK)
-        fail_msg("send to %s: %s: %s", name, tally_status_name(st), tally_client_error(c));
-    tr_hist_parts(TALLY_DTYPE_U8, data, n, 0, 0, model[s], NULL, NULL);
-}
-
-/* One reply: OK, or `duplicate` (a resend whose first try was stored). */
-static void recv_applied(tally_client_t *c)
-{
-    tally_reply_t r;
-    tally_reply_init(&r);
-    tally_status_t st = tally_recv(c, &r);
-    if (st != TALLY_OK && st != TALLY_E_DUPLICATE)
-        fail_msg("reply: %s: %s", tally_status_name(st), r.error);
-    tally_reply_clear(&r);
 }
 
 /* Rounds from..to-1 of every stream, 16 in flight; b (member 1) killed after half of round
@@ -192,57 +116,13 @@ static void write_rounds(tally_client_t *c, int from, int to, int kill_round)
 {
     for (int r = from; r < to; r++) {
         for (int s = 0; s < STREAMS; s++)
-            send_hist(c, s, r);
+            tf_send_hist(&test_fleet, c, s, r);
         for (int i = 0; i < STREAMS; i++) {
-            recv_applied(c);
+            tf_recv_applied(c);
             if (r == kill_round && i == STREAMS / 2)
-                kill_member(1);
+                th_daemon_kill(&member[1]);
         }
     }
-}
-
-static tally_client_t *fleet_client(void)
-{
-    tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = TIMEOUT_MS};
-    tally_client_t *c = NULL;
-    tally_status_t st = tally_client_new_fleet(&o, &c, msg, sizeof msg);
-    if (st != TALLY_OK)
-        fail_msg("tally_client_new_fleet: %s: %s", tally_status_name(st), msg);
-    return c;
-}
-
-static void check_model(tally_client_t *c)
-{
-    for (int s = 0; s < STREAMS; s++) {
-        char name[32], why[160];
-        stream_name(s, name, sizeof name);
-        if (th_stream_differs(c, name, seqs[s], model[s], why, sizeof why)) {
-            dump_logs();
-            fail_msg("%s", why);
-        }
-    }
-}
-
-static uint64_t changelog_last(uint32_t k)
-{
-    char cl[32];
-    jsStreamInfo *si = NULL;
-    jsErrCode jerr = 0;
-    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
-    assert_int_equal(js_GetStreamInfo(&si, tn_suite_js, cl, NULL, &jerr), NATS_OK);
-    uint64_t last = si->State.LastSeq;
-    jsStreamInfo_Destroy(si);
-    return last;
-}
-
-static uint64_t generation_of(uint32_t k)
-{
-    td_ckpt_manifest_t m;
-    uint8_t *st = NULL;
-    size_t len = 0;
-    assert_int_equal(td_ckpt_read(tn_suite_js, k, &m, &st, &len, msg, sizeof msg), TD_OK);
-    free(st);
-    return m.generation;
 }
 
 /* Member i's copy of partition k has applied its changelog up to the end (bounded wait). */
@@ -252,11 +132,12 @@ static void wait_caught_up(int i, uint32_t k)
     snprintf(name, sizeof name, "tallyd_nats_standby_changelog_seq{partition=\"%u\"}", (unsigned)k);
     int64_t until = th_now_ms() + TIMEOUT_MS;
     long long copy = -1, last = -1;
-    while ((copy = th_metric(&member[i], name)) != (last = (long long)changelog_last(k)) &&
+    while ((copy = th_metric(&member[i], name)) !=
+               (last = (long long)tf_changelog_last(tn_suite_js, k)) &&
            th_now_ms() < until)
         th_sleep_ms(50);
     if (copy != last) {
-        dump_logs();
+        tf_dump_logs(&test_fleet);
         fail_msg("%s's copy of partition %u at %lld, its changelog at %lld", ids[i], (unsigned)k,
                  copy, last);
     }
@@ -271,19 +152,20 @@ static int log_lines(int i, const char *text)
 /* Member i's take-overs as its log says them: for the test's log (bench/NOTES.md's figures). */
 static void show_takes(int i)
 {
-    th_sh("grep -a 'taken from\\|changelog: applied\\|took partition' %s >&2", member[i].log_path);
+    th_sh("grep -a 'taken from\\|changelog: applied\\|changelog: nothing\\|took partition' %s >&2",
+          member[i].log_path);
 }
 
 /* The members up, each holding its planned partitions, a's copies of b's started. */
 static void start_pair(const char *b_ckpt_ms)
 {
-    fresh_fleet();
+    tf_fresh(&test_fleet);
     start(0, "3600000");
     start(1, b_ckpt_ms);
-    assert_true(planned(1) > 0); /* b has partitions to lose */
-    wait_held(ids[0], planned(0));
-    wait_held(ids[1], planned(1));
-    wait_metric(0, "tallyd_nats_standby_starts_total", planned(1));
+    assert_true(tf_planned(&test_fleet, 1) > 0); /* b has partitions to lose */
+    tf_wait_held(&test_fleet, ids[0], tf_planned(&test_fleet, 0), TIMEOUT_MS);
+    tf_wait_held(&test_fleet, ids[1], tf_planned(&test_fleet, 1), TIMEOUT_MS);
+    wait_metric(0, "tallyd_nats_standby_starts_total", tf_planned(&test_fleet, 1));
 }
 
 /* Python's tally.query_stale of stream `name` (last_seq: the model's), b stopped: a stale answer
@@ -323,7 +205,7 @@ static void check_stale_answers(void)
     int answered = 0;
     for (int s = 0; s < STREAMS; s++) {
         char name[32];
-        stream_name(s, name, sizeof name);
+        tf_stream_name(&test_fleet, s, name, sizeof name);
         uint32_t k = tally_partition(name, strlen(name), PARTITIONS);
         if (td_fleet_owner(ids, 2, k) != 1)
             continue;
@@ -334,7 +216,7 @@ static void check_stale_answers(void)
             fail_msg("a stale-ok query of %s: %s: %s", name, tally_status_name(st),
                      tally_nats_error(n));
         }
-        assert_int_equal(stale, changelog_last(k));
+        assert_int_equal(stale, tf_changelog_last(tn_suite_js, k));
         assert_int_equal(info->last_seq, seqs[s]);
         assert_memory_equal(info->bins, model[s], sizeof model[s]);
         answered++;
@@ -344,7 +226,7 @@ static void check_stale_answers(void)
     /* the CLI says where its answer came from */
     for (int s = 0; s < STREAMS; s++) {
         char name[32];
-        stream_name(s, name, sizeof name);
+        tf_stream_name(&test_fleet, s, name, sizeof name);
         if (td_fleet_owner(ids, 2, tally_partition(name, strlen(name), PARTITIONS)) != 1)
             continue;
         kill(member[1].pid, SIGSTOP);
@@ -366,25 +248,30 @@ static void test_catch_up_and_take(void **state)
 {
     (void)state;
     start_pair("3600000"); /* only the changelog holds b's writes */
-    tally_client_t *c = fleet_client();
+    tally_client_t *c = tf_fleet_client(tn_suite.urls, TIMEOUT_MS);
     write_rounds(c, 0, ROUNDS / 2, -1);
     uint64_t written = 0; /* b's changelog messages */
     for (uint32_t k = 0; k < PARTITIONS; k++)
         if (td_fleet_owner(ids, 2, k) == 1) {
             wait_caught_up(0, k);
-            written += changelog_last(k);
+            written += tf_changelog_last(tn_suite_js, k);
         }
     assert_true(th_metric(&member[0], "tallyd_nats_standby_applied_total") > 0);
     assert_true(th_metric(&member[0], "tallyd_nats_standby_bytes") > 0);
     check_stale_answers();
     long long replayed = th_metric(&member[0], "tallyd_nats_changelog_replayed_total");
     write_rounds(c, ROUNDS / 2, ROUNDS, ROUNDS / 2 + 1); /* b killed with writes in flight */
-    wait_held(ids[0], PARTITIONS);
+    tf_wait_held(&test_fleet, ids[0], PARTITIONS, TIMEOUT_MS);
     wait_metric(0, "tallyd_nats_partitions_taken_total", PARTITIONS);
-    check_model(c);
+    tf_check_model(&test_fleet, c);
     assert_int_equal(th_metric(&member[0], "tallyd_nats_takes_total{from=\"standby\"}"),
-                     planned(1));
-    assert_int_equal(log_lines(0, "taken from its standby copy"), planned(1));
+                     tf_planned(&test_fleet, 1));
+    assert_int_equal(log_lines(0, "taken from its standby copy"), tf_planned(&test_fleet, 1));
+    /* each take's own line says it loaded the copy (written as the take is counted: waited for) */
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (log_lines(0, "(its standby copy: ") < tf_planned(&test_fleet, 1) && th_now_ms() < until)
+        th_sleep_ms(50);
+    assert_int_equal(log_lines(0, "(its standby copy: "), tf_planned(&test_fleet, 1));
     /* only the tail after each copy: fewer than b wrote in all */
     long long tail = th_metric(&member[0], "tallyd_nats_changelog_replayed_total") - replayed;
     print_message("b's changelog: %llu messages before the last rounds; a replayed %lld at its "
@@ -405,22 +292,25 @@ static void test_copy_refused(void **state)
     unsetenv("TALLYD_TEST_STANDBY_HOLD");
     uint64_t gen[PARTITIONS] = {0};
     for (uint32_t k = 0; k < PARTITIONS; k++)
-        gen[k] = generation_of(k); /* the copies started from this one or an earlier one */
-    tally_client_t *c = fleet_client();
+        gen[k] = tf_manifest(k).generation; /* the copies started from this one or an earlier one */
+    tally_client_t *c = tf_fleet_client(tn_suite.urls, TIMEOUT_MS);
     write_rounds(c, 0, ROUNDS / 2, -1);
     for (uint32_t k = 0; k < PARTITIONS; k++) { /* b checkpoints past its copies */
         int64_t until = th_now_ms() + TIMEOUT_MS;
-        while (td_fleet_owner(ids, 2, k) == 1 && generation_of(k) <= gen[k] && th_now_ms() < until)
+        while (td_fleet_owner(ids, 2, k) == 1 && tf_manifest(k).generation <= gen[k] &&
+               th_now_ms() < until)
             th_sleep_ms(50);
-        assert_true(td_fleet_owner(ids, 2, k) != 1 || generation_of(k) > gen[k]);
+        assert_true(td_fleet_owner(ids, 2, k) != 1 || tf_manifest(k).generation > gen[k]);
     }
     long long before = th_metric(&member[0], "tallyd_nats_takes_total{from=\"checkpoint\"}");
     write_rounds(c, ROUNDS / 2, ROUNDS, ROUNDS / 2);
-    wait_held(ids[0], PARTITIONS);
-    wait_metric(0, "tallyd_nats_takes_total{from=\"checkpoint\"}", before + planned(1));
-    check_model(c);
+    tf_wait_held(&test_fleet, ids[0], PARTITIONS, TIMEOUT_MS);
+    wait_metric(0, "tallyd_nats_takes_total{from=\"checkpoint\"}",
+                before + tf_planned(&test_fleet, 1));
+    tf_check_model(&test_fleet, c);
     assert_int_equal(th_metric(&member[0], "tallyd_nats_takes_total{from=\"standby\"}"), 0);
-    assert_int_equal(log_lines(0, "not the checkpoint fenced"), planned(1));
+    assert_int_equal(log_lines(0, "not the checkpoint fenced"), tf_planned(&test_fleet, 1));
+    assert_int_equal(log_lines(0, "(its standby copy: "), 0);
     show_takes(0);
     tally_client_destroy(&c);
 }

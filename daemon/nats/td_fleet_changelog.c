@@ -791,7 +791,10 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
     if (err != TD_OK)
         return err;
     *held = fence;
-    td_info("fleet: partition %u's changelog: applied %" PRIu64 "..%" PRIu64 ", fence at %" PRIu64,
+    td_info(last < from ? "fleet: partition %u's changelog: nothing to replay from %" PRIu64
+                          " on (it ends at %" PRIu64 "), fence at %" PRIu64
+                        : "fleet: partition %u's changelog: applied %" PRIu64 "..%" PRIu64
+                          ", fence at %" PRIu64,
             (unsigned)k, from, last, fence);
     if (cl) /* not replicated: this owner writes no records, the fence stops earlier ones' */
         open_part(cl, k, epoch, fence);

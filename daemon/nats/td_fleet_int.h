@@ -200,10 +200,11 @@ typedef struct {
     bool planned; /* the plan of the last heartbeat gives it this worker (td_fleet_keys.c) */
     /* A take whose reader is making its consumer (td_fleet_part.c, take_finished): owned (its
      * lease renewed, its partition stepped), not counted as taken yet; when the take's steps
-     * ended (monotonic) and the state it loaded, for its log line. */
+     * ended (monotonic) and what it loaded (td_standby_load: the checkpoint's state or a
+     * standby's copy, its size and sequence), for its log line. */
     bool taking;
     int64_t take_leased_ms, take_loaded_ms;
-    size_t take_state_len;
+    char take_loaded[96];
     /* Since when messages have waited for it while its window took none (high_seq unchanged),
      * and whether that stall was logged (td_fleet_part.c, say_if_stalled). */
     uint64_t stall_high_seq;
@@ -459,7 +460,7 @@ size_t td_standby_answer(td_fleet_t *f, uint32_t k, const tally_req_t *req, uint
  * started from that very checkpoint (epoch and generation), else the checkpoint's state; then
  * the changelog after what was loaded (td_changelog_take, which sets p->ckpt.cl_seq). Says
  * which in one line (with standbys on), counts it (tallyd_nats_takes_total{from}), sets
- * p->take_loaded_ms; the copy goes either way. */
+ * p->take_loaded_ms and p->take_loaded; the copy goes either way. */
 td_err_t td_standby_load(td_fleet_t *f, td_part_t *p, uint8_t *state, size_t len, char *msg,
                          size_t cap);
 

@@ -330,7 +330,6 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
     td_fleet_watch_taken(f, p->k); /* what it loaded is published at the next tick */
     p->take_began_ms = began;
     p->take_leased_ms = leased;
-    p->take_state_len = len;
 }
 
 /* A take whose reader has made its consumer: counted, and said, with its steps' times. */
@@ -344,9 +343,9 @@ static void take_finished(td_fleet_t *f, td_part_t *p)
     int64_t began = p->take_began_ms;
     char after[96];
     since_expiry(p, began, after, sizeof after);
-    td_notice("fleet: %s took partition %u at sequence %" PRIu64 " (%zu bytes of state) in %" PRId64
+    td_notice("fleet: %s took partition %u at sequence %" PRIu64 " (%s) in %" PRId64
               " ms: lease %" PRId64 ", checkpoint %" PRId64 ", consumer %" PRId64 "%s",
-              f->member, (unsigned)p->k, p->applied_seq + 1, p->take_state_len,
+              f->member, (unsigned)p->k, p->applied_seq + 1, p->take_loaded,
               p->reader.made_ms - began, p->take_leased_ms - began,
               p->take_loaded_ms - p->take_leased_ms, p->reader.made_ms - p->take_loaded_ms, after);
     p->lease_expiry_ms = 0;

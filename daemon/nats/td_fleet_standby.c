@@ -428,8 +428,8 @@ size_t td_standby_answer(td_fleet_t *f, uint32_t k, const tally_req_t *req, uint
     return j.len;
 }
 
-/* Loads partition k's copy into the stream table: *from, the changelog sequence it holds. */
-static td_err_t adopt(td_fleet_t *f, td_part_t *p, char *msg, size_t cap)
+/* Loads partition k's copy into the stream table; *len: its bytes of state. */
+static td_err_t adopt(td_fleet_t *f, td_part_t *p, size_t *len, char *msg, size_t cap)
 {
     td_standby_t *s = &f->standbys[p->k];
     while (follow(f, p->k)) /* what arrived before the take */
@@ -441,6 +441,7 @@ static td_err_t adopt(td_fleet_t *f, td_part_t *p, char *msg, size_t cap)
     td_err_t err = j.err;
     if (err == TD_OK)
         err = td_fleet_table_restore(f, p->k, j.out, j.out_len, msg, cap);
+    *len = j.out_len;
     free(j.out);
     return err;
 }
@@ -453,10 +454,14 @@ td_err_t td_standby_load(td_fleet_t *f, td_part_t *p, uint8_t *state, size_t len
     uint64_t from = cur->cl_seq, max_epoch = 0;
     bool usable = s && s->table && s->epoch == cur->epoch && s->generation == cur->generation;
     td_err_t err = TD_ERR_CORRUPT;
-    if (usable && (err = adopt(f, p, msg, cap)) == TD_OK) {
+    size_t copy_len = 0;
+    if (usable && (err = adopt(f, p, &copy_len, msg, cap)) == TD_OK) {
         from = s->cl_seq;
         max_epoch = s->max_epoch;
         TD_FLEET_COUNT(f, takes_from_standby);
+        snprintf(p->take_loaded, sizeof p->take_loaded,
+                 "its standby copy: %zu bytes of state, changelog applied to %" PRIu64, copy_len,
+                 from);
         td_notice("fleet: partition %u: taken from its standby copy (checkpoint epoch %" PRIu64
                   " generation %" PRIu64 ", changelog applied to %" PRIu64
                   "): only the tail after it is replayed",
@@ -476,6 +481,7 @@ td_err_t td_standby_load(td_fleet_t *f, td_part_t *p, uint8_t *state, size_t len
     }
     if (!usable || err != TD_OK) {
         TD_FLEET_COUNT(f, takes_from_checkpoint);
+        snprintf(p->take_loaded, sizeof p->take_loaded, "%zu bytes of state", len);
         err = td_fleet_table_restore(f, p->k, state, len, msg, cap);
     }
     if (s)

@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -139,6 +140,62 @@ static void remove_shm_dir(th_daemon_t *d)
     d->shm_dir[0] = '\0';
 }
 
+/* The logs of the tallyds this process started, removed at its exit when it passed (exit status
+ * 0, or 77: skipped) and kept when it failed, their paths on stderr, so that a failure in CI can
+ * be read and thousands of passing runs leave nothing in /tmp. Only at exit: a test reads its
+ * tallyds' logs until its end (grep, th_daemon_log_contains), a teardown's included.
+ * TALLY_TEST_KEEP_LOGS=1 keeps them all. */
+static struct {
+    pthread_mutex_t mu;
+    char (*path)[sizeof((th_daemon_t *)0)->log_path];
+    size_t n, cap;
+    pid_t owner; /* the process whose exit removes them: not a forked child's */
+} daemon_logs = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void daemon_logs_at_exit(int status, void *arg)
+{
+    (void)arg;
+    if (getpid() != daemon_logs.owner)
+        return;
+    const char *keep = getenv("TALLY_TEST_KEEP_LOGS");
+    bool failed = status != 0 && status != 77;
+    if (failed && daemon_logs.n > 0)
+        fprintf(stderr, "the test failed: its tallyds' logs are kept:\n");
+    for (size_t i = 0; i < daemon_logs.n; i++) {
+        if (failed)
+            fprintf(stderr, "  %s\n", daemon_logs.path[i]);
+        else if (!(keep && strcmp(keep, "1") == 0))
+            unlink(daemon_logs.path[i]);
+    }
+    free(daemon_logs.path);
+    daemon_logs.path = NULL;
+    daemon_logs.n = daemon_logs.cap = 0;
+}
+
+/* Adds path to the logs removed at a passing exit (once). */
+static void daemon_log_remember(const char *path)
+{
+    pthread_mutex_lock(&daemon_logs.mu);
+    if (!daemon_logs.owner) {
+        daemon_logs.owner = getpid();
+        on_exit(daemon_logs_at_exit, NULL);
+    }
+    bool known = false;
+    for (size_t i = 0; i < daemon_logs.n && !known; i++)
+        known = strcmp(daemon_logs.path[i], path) == 0;
+    if (!known && daemon_logs.n == daemon_logs.cap) {
+        size_t cap = daemon_logs.cap ? 2 * daemon_logs.cap : 16;
+        void *grown = realloc(daemon_logs.path, cap * sizeof daemon_logs.path[0]);
+        if (grown) { /* else the log stays, as it always did */
+            daemon_logs.path = grown;
+            daemon_logs.cap = cap;
+        }
+    }
+    if (!known && daemon_logs.n < daemon_logs.cap)
+        snprintf(daemon_logs.path[daemon_logs.n++], sizeof daemon_logs.path[0], "%s", path);
+    pthread_mutex_unlock(&daemon_logs.mu);
+}
+
 int th_daemon_start(th_daemon_t *d, const char *const *extra_args)
 {
     for (int attempt = 0; attempt < 5; attempt++) {
@@ -147,6 +204,7 @@ int th_daemon_start(th_daemon_t *d, const char *const *extra_args)
         snprintf(d->endpoint, sizeof d->endpoint, "tcp://127.0.0.1:%d", d->port);
         snprintf(d->log_path, sizeof d->log_path, "/tmp/tallyd-test-%d-%d.log", (int)getpid(),
                  d->port);
+        daemon_log_remember(d->log_path);
         const char *argv[64];
         int argc = 0;
         argv[argc++] = th_tallyd_bin();

@@ -38,6 +38,9 @@ int th_await_pong(const char *endpoint, pid_t pid, const char *log_path, int tim
 
 /* Starts $TALLYD_BIN (or ./tallyd) with --bind on a free port plus extra_args (NULL-terminated,
  * may be NULL) and waits until it answers a ping. Returns 0, or -1 (and logs) on failure.
+ * Its stderr goes to log_path, /tmp/tallyd-test-PID-PORT.log, which the test process removes at
+ * its exit when it passed, and keeps, naming it on stderr, when it failed (TALLY_TEST_KEEP_LOGS=1
+ * keeps it always).
  * Unless extra_args has --shm-socket, the daemon's side channel is shm_socket in a directory of
  * its own (shm_dir, removed when it has exited: th_daemon_wait), so that daemons of concurrent
  * test runs never share the default path, which a second tallyd refuses (PROTOCOL.md §10). */
