@@ -78,6 +78,7 @@ struct td_server {
     char devices[256];
     td_metrics_t metrics; /* this thread's counters; the shards keep theirs (td_path.h) */
     td_shard_gauges_t shard_gauges[TD_SHARDS_LIMIT]; /* sample_gauges' */
+    td_front_counts_t front_counts[TD_MAX_BINDS];    /* the same, each front's */
     td_service_t *service; /* systemd, state persistence, HTTP metrics, reload */
     uint64_t started_ns;
     td_fleet_status_t fleet_status; /* a NATS fleet worker's info keys and metrics */
@@ -110,12 +111,17 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
     unsigned shards = td_path_shard_count(s->path);
     for (unsigned i = 0; i < shards && i < TD_SHARDS_LIMIT; i++)
         td_path_shard_gauges(s->path, i, &s->shard_gauges[i]);
+    unsigned fronts = td_fronts_count(s->fronts);
+    for (unsigned i = 0; i < fronts; i++)
+        td_fronts_counts(s->fronts, i, &s->front_counts[i]);
     *g = (td_gauges_t){
         .inflight = td_path_inflight(s->path),
         .max_inflight = s->cfg.max_inflight,
         .queued = td_path_queued(s->path),
         .shards = shards,
         .shard = s->shard_gauges,
+        .fronts = fronts,
+        .front = s->front_counts,
         .stream_count = td_streams_count(s->streams),
         .state_bytes = td_streams_bytes(s->streams),
         .state_bytes_max = s->cfg.max_state_bytes,
