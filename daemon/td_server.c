@@ -38,7 +38,7 @@
 #include "td_metrics.h"
 #include "td_ops.h"
 #include "td_path.h"
-#include "td_front.h"
+#include "td_zmq_front.h"
 #include "td_peers.h"
 #include "td_pub.h"
 #include "td_reply.h"
@@ -69,7 +69,7 @@ struct td_server {
     td_replies_t *replies; /* what replies hold; lives until after the transports */
     td_path_t *path;       /* the request path, and its scheduler */
     td_zmq_t *zmq;         /* the ZeroMQ transport: the ROUTER socket, CURVE */
-    td_fronts_t *fronts;   /* the endpoints with a thread each (td_front.h), or none */
+    td_fronts_t *fronts;   /* the endpoints with a thread each (td_zmq_front.h), or none */
     td_local_t *local;     /* the HTTP API's requests */
     tk_backend_t *cpu;     /* the CPU backend; the GPU runs through the executor's pipeline */
     td_exec_t *exec;       /* where compute requests run: CPU workers or the GPU pipeline */

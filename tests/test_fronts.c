@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_fronts.c — fronts (`front` in tallyd.conf, --front: a ROUTER socket and a thread each,
- * daemon/net/td_front.c) seen from outside, each tallyd started with --shards 2 and two fronts
+ * daemon/net/td_zmq_front.c) seen from outside, each tallyd started with --shards 2 and two fronts
  * beside its bind, over raw ZeroMQ:
  *   - order and state: three connections (the bind's, each front's) pipeline numbered scans on
  *     streams of their own and unnumbered ones on one stream they share, all at once: every

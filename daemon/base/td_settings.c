@@ -35,7 +35,8 @@ const td_setting_t td_settings[] = {
      .reload = TD_RELOAD_RESTART,
      .help = "ZeroMQ endpoint served by a ROUTER socket and a thread of its own (a front: its "
              "requests go straight to the shards), repeatable; beside the binds, which stay on "
-             "the loop thread; needs 2 shards or more (docs/performance.md)"},
+             "the loop thread; needs 2 shards or more (docs/performance.md)",
+     .default_doc = "none", .example = "ipc:///run/tallyd/front1.sock"},
     {.option = "backend", .arg = "NAME", .section = "server", .key = "backend",
      .type = TD_SET_BACKEND, .offset = FIELD(backend), .def = TD_BACKEND_AUTO,
      .reload = TD_RELOAD_RESTART,
@@ -851,8 +852,8 @@ static void format_lists(const td_setting_t *s, const td_config_t *cfg, bool doc
         format_list(field(s, cfg), NULL, *(int *)aux_field(s, cfg), buf, cap);
     else
         format_list(NULL, field(s, cfg), (int)*(unsigned *)aux_field(s, cfg), buf, cap);
-    if (!buf[0] && s->type == TD_SET_ENDPOINTS && docs)
-        snprintf(buf, cap, "%s", TD_DEFAULT_ENDPOINT);
+    if (!buf[0] && s->type == TD_SET_ENDPOINTS && docs && s->offset == FIELD(binds))
+        snprintf(buf, cap, "%s", TD_DEFAULT_ENDPOINT); /* the fronts have none */
     else if (!buf[0] && !docs)
         snprintf(buf, cap, "(none)");
 }

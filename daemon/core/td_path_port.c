@@ -17,7 +17,7 @@
  *   - admission (td_admit_identify): the fleet's port none: its requests are tallyd's own (no
  *     sender id), so no per-peer share; the shard still meets them with every other limit, and
  *     counts their reply bytes (td_reply.h: atomics). A port given a td_admit_t of its own
- *     (td_path_port_admit: a ZeroMQ front, net/td_front.c) identifies each request that names a
+ *     (td_path_port_admit: a ZeroMQ front, net/td_zmq_front.c) identifies each request that names a
  *     sender on its own thread, in the order it read them, against a peers' table of its own,
  *     and the connection's in-flight share and reply bytes are judged as the front's are: the
  *     verdict travels with the request to its shard (td_admit.h); the connection counts its

@@ -539,7 +539,7 @@ static void render_shards(const td_gauges_t *g, out_t *o)
     }
 }
 
-/* Each front's requests and replies (td_front.h), so an imbalance between them shows. */
+/* Each front's requests and replies (td_zmq_front.h), so an imbalance between them shows. */
 static void render_fronts(const td_gauges_t *g, out_t *o)
 {
     static const struct {

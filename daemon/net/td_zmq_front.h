@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * td_front.h — fronts: ZeroMQ endpoints each served by a ROUTER socket and a thread of its own
+ * td_zmq_front.h — fronts: ZeroMQ endpoints each served by a ROUTER socket and a thread of its own
  * (`front` in tallyd.conf, --front; issue 31's small requests: one socket and its one thread
  * were the bound, bench/NOTES.md "Several fronts").
  *
@@ -9,12 +9,12 @@
  * written by its own thread only, which is a port of the request path (td_transport.h,
  * core/td_path_port.c): its requests go straight to their shards' mailboxes in its own batches,
  * its replies come back to its own mailbox, and its thread sends them. What differs from the
- * loop thread's socket, and why: td_front.c's design comment.
+ * loop thread's socket, and why: td_zmq_front.c's design comment.
  *
  * Loop thread, except where said.
  */
-#ifndef TD_FRONT_H
-#define TD_FRONT_H
+#ifndef TD_ZMQ_FRONT_H
+#define TD_ZMQ_FRONT_H
 
 #include <stdint.h>
 #include <uv.h>
@@ -29,7 +29,7 @@ typedef struct td_fronts td_fronts_t;
 
 typedef struct {
     uv_loop_t *loop;
-    const td_config_t *cfg; /* its fronts; copied for the fronts' admission (td_front.c) */
+    const td_config_t *cfg; /* its fronts; copied for the fronts' admission (td_zmq_front.c) */
     td_path_t *path;
     void *zmq_ctx;         /* the loop thread's ROUTER's context (td_zmq_context) */
     const td_auth_t *auth; /* its CURVE, or NULL */

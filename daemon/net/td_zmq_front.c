@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * td_front.c — fronts: ZeroMQ endpoints with a ROUTER socket and a thread each (see td_front.h).
+ * td_zmq_front.c — fronts: ZeroMQ endpoints with a ROUTER socket and a thread each (see td_zmq_front.h).
  *
  * Design
  * ------
@@ -66,7 +66,7 @@
 #include <zmq.h>
 
 #include "td_admit.h"
-#include "td_front.h"
+#include "td_zmq_front.h"
 #include "td_log.h"
 #include "td_path.h"
 #include "td_peers.h"
@@ -78,6 +78,8 @@
 #define TD_FRONT_FRAMES 4
 /* How long a stopping front's socket may keep flushing its last replies (as td_zmq.c's). */
 #define TD_FRONT_LINGER_MS 1000
+/* Held at max_inflight with nothing of its own in flight, a thread looks again this often. */
+#define TD_FRONT_FULL_POLL_MS 1
 /* While stopping, a sleeping thread looks at its stop flag this often. */
 #define TD_FRONT_STOP_POLL_MS 10
 
@@ -355,8 +357,12 @@ static void *front_main(void *arg)
         if (stop && !f->msg.held && td_path_port_inflight(f->port) == 0)
             break;
         /* Input waiting makes zmq_poll return at once (it reads ZMQ_EVENTS first); held at
-         * max_inflight, only a reply (the eventfd) wakes it. */
+         * max_inflight, one of its own replies (the eventfd) wakes it, or, with none in flight
+         * (the slots are the other fronts' and the loop's, whose replies do not wake it), a
+         * look every TD_FRONT_FULL_POLL_MS. */
         long timeout = td_path_port_sleep(f->port) ? -1 : 0;
+        if (timeout && f->msg.held && !td_path_port_inflight(f->port))
+            timeout = TD_FRONT_FULL_POLL_MS;
         if (stop && timeout)
             timeout = TD_FRONT_STOP_POLL_MS;
         items[0].events = f->msg.held || stop ? 0 : ZMQ_POLLIN;
