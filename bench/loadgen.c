@@ -162,8 +162,8 @@ static void producer_error(producer_t *p, const char *what, const char *why)
 }
 
 /* A client of the tallyd at --endpoint, or (--fleet) of the fleet's owners. */
-static tally_status_t client_new(const opts_t *o, unsigned producer, tally_client_t **c,
-                                 char *why, size_t why_cap)
+static tally_status_t client_new(const opts_t *o, unsigned producer, tally_client_t **c, char *why,
+                                 size_t why_cap)
 {
     if (o->fleet) {
         tally_nats_opts_t n = {.servers = o->fleet, .timeout_ms = TIMEOUT_MS};

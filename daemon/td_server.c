@@ -583,7 +583,7 @@ static void close_tables(td_server_t *s)
     if (s->cpu)
         s->cpu->destroy(&s->cpu);
     td_peers_destroy(&s->peers);
-    td_fronts_destroy(&s->fronts); /* its peers' tables, as the one above */
+    td_fronts_destroy(&s->fronts);   /* its peers' tables, as the one above */
     td_replies_destroy(&s->replies); /* after the transports: they free replies until then */
     td_streams_destroy(&s->streams);
 }

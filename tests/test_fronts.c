@@ -34,11 +34,11 @@
 #include "harness.h"
 #include "tally_proto.h"
 
-#define CONNS 3    /* the bind's and two fronts' */
-#define STREAMS 4  /* numbered streams per connection */
-#define ROUNDS 24  /* numbered scans per stream */
-#define SHARED 16  /* unnumbered scans per connection on the shared stream */
-#define CHUNK 16   /* int32 ones per scan */
+#define CONNS 3   /* the bind's and two fronts' */
+#define STREAMS 4 /* numbered streams per connection */
+#define ROUNDS 24 /* numbered scans per stream */
+#define SHARED 16 /* unnumbered scans per connection on the shared stream */
+#define CHUNK 16  /* int32 ones per scan */
 #define TIMEOUT_MS 30000
 
 typedef struct {
@@ -53,8 +53,7 @@ static void start(fixture_t *f, const char *const *args)
     assert_int_equal(th_tmpdir(f->dir, sizeof f->dir, "tallyd-fronts"), 0);
     for (int i = 0; i < 2; i++)
         snprintf(f->front[i], sizeof f->front[i], "ipc://%s/front%d.sock", f->dir, i);
-    const char *fronts[] = {"--shards", "2", "--front", f->front[0], "--front", f->front[1],
-                            NULL};
+    const char *fronts[] = {"--shards", "2", "--front", f->front[0], "--front", f->front[1], NULL};
     assert_int_equal(th_daemon_start_with(&f->d, fronts, args), 0);
 }
 
@@ -148,8 +147,7 @@ static void test_order_and_state(void **state)
     long long per_front = ROUNDS * STREAMS + SHARED;
     assert_int_equal(th_stat(socks[0], "tallyd_fronts"), 2);
     assert_int_equal(th_stat(socks[0], "tallyd_front_requests_total{front=\"0\"}"), per_front);
-    assert_int_equal(th_stat(socks[0], "tallyd_front_requests_total{front=\"1\"}"),
-                     per_front + 1);
+    assert_int_equal(th_stat(socks[0], "tallyd_front_requests_total{front=\"1\"}"), per_front + 1);
     for (int c = 1; c < CONNS; c++)
         th_close(socks[c]);
     assert_int_equal(th_close_and_stop(socks[0], &f.d, 10000), 0);
@@ -159,8 +157,8 @@ static void test_order_and_state(void **state)
 /* A simulated GPU that takes latency_us per launch, and the args after. */
 static void start_slow(fixture_t *f, const char *latency_us, const char *const *more)
 {
-    const char *args[24] = {"--backend", "cuda", "--test-sim-gpus", "1", "--gpu-min-batch",
-                            "1",         "--gpu-streams", "4"};
+    const char *args[24] = {"--backend",       "cuda", "--test-sim-gpus", "1",
+                            "--gpu-min-batch", "1",    "--gpu-streams",   "4"};
     int n = 8;
     for (int i = 0; more[i]; i++)
         args[n++] = more[i];

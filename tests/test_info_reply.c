@@ -66,8 +66,9 @@ static void test_keys(void **state)
                      TD_OK);
     r = info_reply(&info);
     s = text_of(r);
-    assert_non_null(strstr(s, "\ngpu_uuids=GPU-0\nshards=2\nfronts=ipc:///tmp/f1,tcp://127.0.0.1:7\n"
-                              "nats=off\n"));
+    assert_non_null(strstr(s,
+                           "\ngpu_uuids=GPU-0\nshards=2\nfronts=ipc:///tmp/f1,tcp://127.0.0.1:7\n"
+                           "nats=off\n"));
     assert_int_equal(s[r->reply_len - 1], '\n');
     free(s);
     td_request_destroy(&r);

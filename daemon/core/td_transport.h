@@ -232,10 +232,11 @@ td_err_t td_path_port_open(td_path_t *path, td_transport_t *t, void (*wake)(void
                            td_path_port_t **out);
 /* The port's thread: as td_path_submit, the request added to its shard's batch (posted by
  * td_path_port_flush); msg->from is read only by a port given an admission of its own
- * (td_path_port_admit), else its requests are tallyd's own (no sender). TD_ERR_NOMEM: nothing taken, no reply will
- * come. TD_ERR_BUSY: max_inflight of this port's requests are in flight; nothing taken: submit
- * it again once replies have come. Once the path reads nothing more (its drain is over, or it is
- * closed) every request is answered `shutdown` by the port itself, through the same replies. */
+ * (td_path_port_admit), else its requests are tallyd's own (no sender). TD_ERR_NOMEM: nothing
+ * taken, no reply will come. TD_ERR_BUSY: max_inflight of this port's requests are in flight;
+ * nothing taken: submit it again once replies have come. Once the path reads nothing more (its
+ * drain is over, or it is closed) every request is answered `shutdown` by the port itself, through
+ * the same replies. */
 td_err_t td_path_port_submit(td_path_port_t *port, td_msg_t *msg);
 /* Before the port's thread submits: its requests that name a sender (msg->from.id) are
  * identified on its thread in admit (its own peers' table, td_admit.h), held to their

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * td_zmq_front.c — fronts: ZeroMQ endpoints with a ROUTER socket and a thread each (see td_zmq_front.h).
+ * td_zmq_front.c — fronts: ZeroMQ endpoints with a ROUTER socket and a thread each (see
+ * td_zmq_front.h).
  *
  * Design
  * ------
@@ -277,16 +278,15 @@ static bool submit_held(front_t *f)
     td_msg_t m = {
         .from = {.id = zmq_msg_data(&h->frames[0]),
                  .id_len = h->sizes[0],
-                 .user = f->set->env.auth ? zmq_msg_gets(&h->frames[h->kept - 1], "User-Id")
-                                          : NULL,
+                 .user = f->set->env.auth ? zmq_msg_gets(&h->frames[h->kept - 1], "User-Id") : NULL,
                  .word = delimiter ? FRONT_DELIMITER : 0},
         .header = body < h->kept ? zmq_msg_data(&h->frames[body]) : NULL,
         .header_len = body < h->kept ? h->sizes[body] : 0,
         .frames = h->total - body,
     };
     if (m.frames == 2 && body + 1 < h->kept && h->sizes[body + 1] <= TD_PAYLOAD_BORROW_MAX) {
-        m.payload = (td_bytes_t){.data = zmq_msg_data(&h->frames[body + 1]),
-                                 .len = h->sizes[body + 1]};
+        m.payload =
+            (td_bytes_t){.data = zmq_msg_data(&h->frames[body + 1]), .len = h->sizes[body + 1]};
         m.payload_borrowed = true;
     } else if (m.frames == 2 && body + 1 < h->kept) {
         m.hold = hold_frame;
@@ -380,7 +380,8 @@ static void *front_main(void *arg)
 static void wake_cb(uv_async_t *handle)
 {
     td_fronts_t *set = handle->data;
-    bool read_any = atomic_exchange_explicit(&set->read_while_stopping, false, memory_order_acq_rel);
+    bool read_any =
+        atomic_exchange_explicit(&set->read_while_stopping, false, memory_order_acq_rel);
     set->env.pumped(set->env.owner, read_any);
 }
 
