@@ -108,6 +108,7 @@ typedef struct {
     td_admit_t admit;
     td_metrics_t admit_metrics; /* td_admit_t's; the shards count refusals in their own */
     message_t msg;
+    uint64_t swept_ns; /* the last sweep of its peers' table */
     pthread_t thread;
     bool running;
     _Atomic bool stop;
@@ -340,9 +341,21 @@ static void tell_loop(front_t *f, bool read_any)
     uv_async_send(&set->wake);
 }
 
+/* Idle entries of its peers' table freed, every TD_PEERS_SWEEP_MS (the loop thread's sweep of
+ * its own table, td_server.c): the table is this thread's. */
+static void sweep(front_t *f)
+{
+    uint64_t now = uv_hrtime();
+    if (now - f->swept_ns < (uint64_t)TD_PEERS_SWEEP_MS * 1000000u)
+        return;
+    f->swept_ns = now;
+    td_peers_sweep(f->peers, now);
+}
+
 static void *front_main(void *arg)
 {
     front_t *f = arg;
+    f->swept_ns = uv_hrtime();
     zmq_pollitem_t items[2] = {{.socket = f->socket, .events = ZMQ_POLLIN},
                                {.fd = f->wake_fd, .events = ZMQ_POLLIN}};
     for (;;) {
@@ -352,6 +365,7 @@ static void *front_main(void *arg)
         if (stop && f->msg.held) /* the path is closed: the port answers it itself */
             submit_held(f);
         td_path_port_flush(f->port);
+        sweep(f);
         if (read_any || answered)
             tell_loop(f, read_any);
         if (stop && !f->msg.held && td_path_port_inflight(f->port) == 0)
