@@ -17,6 +17,7 @@
  *     and the requests in flight never pass the limit by more than a request per front;
  *   - the drain at SIGTERM with requests in flight on every front and the bind: each is answered
  *     ok, each sent after the signal `shutdown`, and tallyd exits 0;
+ *   - CURVE: a front takes an allowed key's requests and nothing from a plain socket;
  *   - refusals: a front with one shard, a front on an endpoint already bound.
  */
 #include <setjmp.h>
@@ -50,7 +51,8 @@ typedef struct {
 /* tallyd with --shards 2, two fronts (ipc, in a directory of the test's own) and args. */
 static void start(fixture_t *f, const char *const *args)
 {
-    assert_int_equal(th_tmpdir(f->dir, sizeof f->dir, "tallyd-fronts"), 0);
+    if (!f->dir[0]) /* else the test made it (its keys) */
+        assert_int_equal(th_tmpdir(f->dir, sizeof f->dir, "tallyd-fronts"), 0);
     for (int i = 0; i < 2; i++)
         snprintf(f->front[i], sizeof f->front[i], "ipc://%s/front%d.sock", f->dir, i);
     const char *fronts[] = {"--shards", "2", "--front", f->front[0], "--front", f->front[1], NULL};
@@ -92,7 +94,7 @@ static int64_t scan_sums(const th_reply_t *r, int64_t first)
 static void test_order_and_state(void **state)
 {
     (void)state;
-    fixture_t f;
+    fixture_t f = {0};
     start(&f, (const char *[]){"--max-inflight", "1024", NULL});
     void *socks[CONNS];
     for (int c = 0; c < CONNS; c++)
@@ -202,7 +204,7 @@ static int replies_with(void *sock, uint64_t first, int count, uint32_t status, 
 static void test_share_on_a_front(void **state)
 {
     (void)state;
-    fixture_t f;
+    fixture_t f = {0};
     start_slow(&f, "2000000", (const char *[]){"--max-inflight-per-peer", "3", NULL});
     void *bind = connect_to(&f, 0), *front = connect_to(&f, 1);
     send_hists(front, 1, 10);
@@ -220,7 +222,7 @@ static void test_share_on_a_front(void **state)
 static void test_max_inflight_across_fronts(void **state)
 {
     (void)state;
-    fixture_t f;
+    fixture_t f = {0};
     start_slow(&f, "1000000",
                (const char *[]){"--max-inflight", "4", "--metrics", "127.0.0.1:0", NULL});
     void *a = connect_to(&f, 1), *b = connect_to(&f, 2);
@@ -242,7 +244,7 @@ static void test_max_inflight_across_fronts(void **state)
 static void test_drain_on_every_front(void **state)
 {
     (void)state;
-    fixture_t f;
+    fixture_t f = {0};
     start_slow(&f, "1000000", (const char *[]){NULL});
     void *socks[CONNS];
     for (int c = 0; c < CONNS; c++) {
@@ -273,6 +275,49 @@ static void test_drain_on_every_front(void **state)
     th_rmrf(f.dir);
 }
 
+/* A ping on sock: its reply's status, or -1 when none came (the receive timeout). */
+static int ping_status(void *sock, uint64_t id)
+{
+    tally_req_t req = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, id);
+    th_reply_t r;
+    if (th_call(sock, &req, NULL, 0, &r) != 0)
+        return -1;
+    int st = (int)r.rep.status;
+    th_reply_free(&r);
+    return st;
+}
+
+static void test_curve_on_a_front(void **state)
+{
+    (void)state;
+    fixture_t f = {0};
+    char server_pub[41], server_sec[41], alice_pub[41], alice_sec[41], key[256], clients[256];
+    assert_int_equal(th_tmpdir(f.dir, sizeof f.dir, "tallyd-fronts"), 0);
+    assert_int_equal(th_curve_dir(f.dir, "alice", server_pub, server_sec, alice_pub, alice_sec, key,
+                                  clients, sizeof key),
+                     0);
+    th_use_curve(server_pub, alice_pub, alice_sec);
+    start(&f, (const char *[]){"--curve-secret-key", key, "--curve-clients-dir", clients, NULL});
+    void *alice = connect_to(&f, 1); /* CURVE, an allowed key */
+    assert_int_equal(ping_status(alice, 1), TALLY_OK);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 2);
+    assert_int_equal(tally_req_set_stream(&req, "fronts/curve"), TALLY_OK);
+    th_reply_t r;
+    assert_int_equal(th_call(alice, &req, "abc", 3, &r), 0);
+    assert_int_equal(r.rep.status, TALLY_OK);
+    th_reply_free(&r);
+    th_use_curve(NULL, NULL, NULL);
+    void *plain = th_dealer(1500); /* no CURVE: the handshake never completes, nothing is read */
+    assert_int_equal(zmq_connect(plain, f.front[1]), 0);
+    assert_int_equal(ping_status(plain, 3), -1);
+    th_close(plain);
+    /* ping, hist and this stats request itself */
+    assert_int_equal(th_stat(alice, "tallyd_front_requests_total{front=\"0\"}"), 3);
+    assert_int_equal(th_stat(alice, "tallyd_front_requests_total{front=\"1\"}"), 0);
+    assert_int_equal(th_close_and_stop(alice, &f.d, 10000), 0);
+    th_rmrf(f.dir);
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -297,6 +342,7 @@ int main(void)
         cmocka_unit_test(test_share_on_a_front),
         cmocka_unit_test(test_max_inflight_across_fronts),
         cmocka_unit_test(test_drain_on_every_front),
+        cmocka_unit_test(test_curve_on_a_front),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
