@@ -48,6 +48,19 @@ typedef struct {
     th_daemon_t d;
 } fixture_t;
 
+/* The fixture of the test that runs (its daemon killed by the teardown if the test failed). */
+static fixture_t *live;
+
+static int kill_left(void **state)
+{
+    (void)state;
+    th_use_curve(NULL, NULL, NULL);
+    if (live)
+        th_daemon_kill(&live->d);
+    live = NULL;
+    return 0;
+}
+
 /* tallyd with --shards 2, two fronts (ipc, in a directory of the test's own) and args. */
 static void start(fixture_t *f, const char *const *args)
 {
@@ -56,6 +69,7 @@ static void start(fixture_t *f, const char *const *args)
     for (int i = 0; i < 2; i++)
         snprintf(f->front[i], sizeof f->front[i], "ipc://%s/front%d.sock", f->dir, i);
     const char *fronts[] = {"--shards", "2", "--front", f->front[0], "--front", f->front[1], NULL};
+    live = f;
     assert_int_equal(th_daemon_start_with(&f->d, fronts, args), 0);
 }
 
@@ -94,7 +108,8 @@ static int64_t scan_sums(const th_reply_t *r, int64_t first)
 static void test_order_and_state(void **state)
 {
     (void)state;
-    fixture_t f = {0};
+    static fixture_t f; /* static: the teardown reaches it after a failed assertion */
+    memset(&f, 0, sizeof f);
     start(&f, (const char *[]){"--max-inflight", "1024", NULL});
     void *socks[CONNS];
     for (int c = 0; c < CONNS; c++)
@@ -204,7 +219,8 @@ static int replies_with(void *sock, uint64_t first, int count, uint32_t status, 
 static void test_share_on_a_front(void **state)
 {
     (void)state;
-    fixture_t f = {0};
+    static fixture_t f; /* static: the teardown reaches it after a failed assertion */
+    memset(&f, 0, sizeof f);
     start_slow(&f, "2000000", (const char *[]){"--max-inflight-per-peer", "3", NULL});
     void *bind = connect_to(&f, 0), *front = connect_to(&f, 1);
     send_hists(front, 1, 10);
@@ -222,7 +238,8 @@ static void test_share_on_a_front(void **state)
 static void test_max_inflight_across_fronts(void **state)
 {
     (void)state;
-    fixture_t f = {0};
+    static fixture_t f; /* static: the teardown reaches it after a failed assertion */
+    memset(&f, 0, sizeof f);
     start_slow(&f, "1000000",
                (const char *[]){"--max-inflight", "4", "--metrics", "127.0.0.1:0", NULL});
     void *a = connect_to(&f, 1), *b = connect_to(&f, 2);
@@ -244,7 +261,8 @@ static void test_max_inflight_across_fronts(void **state)
 static void test_drain_on_every_front(void **state)
 {
     (void)state;
-    fixture_t f = {0};
+    static fixture_t f; /* static: the teardown reaches it after a failed assertion */
+    memset(&f, 0, sizeof f);
     start_slow(&f, "1000000", (const char *[]){NULL});
     void *socks[CONNS];
     for (int c = 0; c < CONNS; c++) {
@@ -290,7 +308,8 @@ static int ping_status(void *sock, uint64_t id)
 static void test_curve_on_a_front(void **state)
 {
     (void)state;
-    fixture_t f = {0};
+    static fixture_t f; /* static: the teardown reaches it after a failed assertion */
+    memset(&f, 0, sizeof f);
     char server_pub[41], server_sec[41], alice_pub[41], alice_sec[41], key[256], clients[256];
     assert_int_equal(th_tmpdir(f.dir, sizeof f.dir, "tallyd-fronts"), 0);
     assert_int_equal(th_curve_dir(f.dir, "alice", server_pub, server_sec, alice_pub, alice_sec, key,
@@ -338,12 +357,12 @@ static void test_refusals(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_order_and_state),
-        cmocka_unit_test(test_share_on_a_front),
-        cmocka_unit_test(test_max_inflight_across_fronts),
-        cmocka_unit_test(test_drain_on_every_front),
-        cmocka_unit_test(test_curve_on_a_front),
-        cmocka_unit_test(test_refusals),
+        cmocka_unit_test_teardown(test_order_and_state, kill_left),
+        cmocka_unit_test_teardown(test_share_on_a_front, kill_left),
+        cmocka_unit_test_teardown(test_max_inflight_across_fronts, kill_left),
+        cmocka_unit_test_teardown(test_drain_on_every_front, kill_left),
+        cmocka_unit_test_teardown(test_curve_on_a_front, kill_left),
+        cmocka_unit_test_teardown(test_refusals, kill_left),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
