@@ -18,8 +18,11 @@
  *   - the drain at SIGTERM with requests in flight on every front and the bind: each is answered
  *     ok, each sent after the signal `shutdown`, and tallyd exits 0;
  *   - CURVE: a front takes an allowed key's requests and nothing from a plain socket;
+ *   - a shared-memory reference on a front resolves against its routing id's regions (the same
+ *     counts as the bytes sent), and another connection's reference to it is `bad_ref`;
  *   - refusals: a front with one shard, a front on an endpoint already bound.
  */
+#include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -28,11 +31,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <zmq.h>
 
 #include "harness.h"
+#include "shm_side.h"
 #include "tally_proto.h"
 
 #define CONNS 3   /* the bind's and two fronts' */
@@ -337,6 +343,65 @@ static void test_curve_on_a_front(void **state)
     th_rmrf(f.dir);
 }
 
+/* A hist u8 of [0, len) of region `handle` by reference (stream: may be NULL) on sock. */
+static void ref_hist(void *sock, uint64_t id, const char *stream, uint64_t handle, size_t len,
+                     th_reply_t *r)
+{
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, id);
+    req.flags = TALLY_FLAG_SHM_REF;
+    if (stream)
+        assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
+    tally_shm_ref_t ref = {.in_handle = handle, .in_length = len};
+    uint8_t bytes[TALLY_SHM_REF_SIZE];
+    tally_shm_ref_encode(&ref, bytes);
+    assert_int_equal(th_call(sock, &req, bytes, sizeof bytes, r), 0);
+}
+
+static void test_shm_ref_on_a_front(void **state)
+{
+    (void)state;
+    static fixture_t f; /* static: the teardown reaches it after a failed assertion */
+    memset(&f, 0, sizeof f);
+    start(&f, (const char *[]){NULL});
+    int side = th_side_connect(f.d.shm_socket);
+    assert_true(side >= 0);
+    enum { LEN = 4096 };
+    uint8_t data[LEN];
+    for (int i = 0; i < LEN; i++)
+        data[i] = (uint8_t)(i * 7);
+    int fd = th_memfd(65536, F_SEAL_SHRINK | F_SEAL_GROW);
+    assert_int_equal(pwrite(fd, data, LEN, 0), LEN);
+    th_answer_t ans;
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "producer", 0, fd, &ans), TALLY_OK);
+    close(fd);
+    /* The region is the routing id's, whichever endpoint its requests come by. */
+    void *ctx = zmq_ctx_new();
+    void *front = th_dealer_id(ctx, f.front[0], "producer", TIMEOUT_MS);
+    void *other = th_dealer_id(ctx, f.front[1], "someone", TIMEOUT_MS);
+    assert_non_null(front);
+    assert_non_null(other);
+    th_reply_t by_ref, by_payload;
+    ref_hist(front, 1, "fronts/shm", ans.a.handle, LEN, &by_ref);
+    assert_int_equal(by_ref.rep.status, TALLY_OK);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 2);
+    assert_int_equal(th_call(front, &req, data, LEN, &by_payload), 0);
+    assert_int_equal(by_payload.rep.status, TALLY_OK);
+    assert_int_equal(by_ref.len, by_payload.len); /* the same counts as the bytes sent */
+    assert_memory_equal(by_ref.payload, by_payload.payload, by_ref.len);
+    th_reply_free(&by_ref);
+    th_reply_free(&by_payload);
+    th_reply_t r;
+    ref_hist(other, 3, NULL, ans.a.handle, LEN, &r); /* not its region */
+    assert_int_equal(r.rep.status, TALLY_E_BAD_REF);
+    th_reply_free(&r);
+    zmq_close(front);
+    zmq_close(other);
+    zmq_ctx_term(ctx);
+    close(side);
+    assert_int_equal(th_daemon_stop(&f.d, SIGTERM, 10000), 0);
+    th_rmrf(f.dir);
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -362,6 +427,7 @@ int main(void)
         cmocka_unit_test_teardown(test_max_inflight_across_fronts, kill_left),
         cmocka_unit_test_teardown(test_drain_on_every_front, kill_left),
         cmocka_unit_test_teardown(test_curve_on_a_front, kill_left),
+        cmocka_unit_test_teardown(test_shm_ref_on_a_front, kill_left),
         cmocka_unit_test_teardown(test_refusals, kill_left),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
