@@ -272,13 +272,18 @@ static void test_drain_on_every_front(void **state)
     (void)state;
     static fixture_t f; /* static: the teardown reaches it after a failed assertion */
     memset(&f, 0, sizeof f);
-    start_slow(&f, "1000000", (const char *[]){NULL});
+    start_slow(&f, "3000000", (const char *[]){"--metrics", "127.0.0.1:0", NULL});
     void *socks[CONNS];
     for (int c = 0; c < CONNS; c++) {
         socks[c] = connect_to(&f, c);
         send_hists(socks[c], 100 * (uint64_t)c + 1, 2);
     }
-    th_sleep_ms(300); /* read, and on the simulated GPU for a second */
+    /* All six read, on the simulated GPU for 3 s: then the stop. */
+    long long inflight = 0;
+    for (int64_t end = th_now_ms() + 2000; inflight < 2 * CONNS && th_now_ms() < end;
+         th_sleep_ms(50))
+        inflight = th_metric(&f.d, "tallyd_requests_in_flight");
+    assert_int_equal(inflight, 2 * CONNS);
     assert_int_equal(kill(f.d.pid, SIGTERM), 0);
     th_sleep_ms(100);
     for (int c = 0; c < CONNS; c++) /* during the drain: answered, not run */
