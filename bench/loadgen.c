@@ -7,7 +7,7 @@
  *           [--seconds S | --count C] [--stream | --streams K] [--scan-i32] [--shm | --shm-out]
  *           [--send copy|zc] [--pid PID] [--label TEXT] [--server-key KEY|FILE --client-key FILE]
  *   loadgen [--echo-key FILE] [--echo-reply BYTES] [--echo-io-threads N] [--echo-touch N]
- *           --serve-echo EP [EP...]
+ *           [--echo-fronts] --serve-echo EP [EP...]
  *
  * Producers are threads, each with its own libtally client (one DEALER socket) keeping W
  * requests in flight with tally_send/tally_recv, so the numbers include exactly what a real
@@ -24,6 +24,12 @@
  * (the reply does not wait for it): the raw transport with tallyd's memory traffic and none of
  * its code. Otherwise request and reply are the same size; note that a scan's reply is twice its
  * request (int64 sums of int32 input) unless --scan-i32, so its transport work is 1.5x the echo's.
+ *
+ * --endpoint EP0,EP1,... spreads the producers over several endpoints: producer p connects to
+ * EP(p mod n) (tallyd's bind and its fronts, `front` in tallyd.conf; the echo's with
+ * --echo-fronts). --echo-fronts gives the echo server a ROUTER socket and a thread per endpoint,
+ * in one context, as tallyd's fronts have (without it one socket is bound to every endpoint and
+ * served by one thread), so the two compare like with like (bench/NOTES.md, "Several fronts").
  *
  * --streams K names K streams (loadgen/s0 .. loadgen/sK-1) and sends request i of every producer
  * on stream i mod K (--stream: one stream per producer, loadgen/P), so the requests spread over
@@ -99,6 +105,8 @@ typedef struct {
     const char *fleet; /* --fleet NATS_URL: a direct-mode fleet client per producer */
     int pid;
     tally_curve_keys_t curve; /* server_public "" = no CURVE */
+    char *endpoints[MAX_ENDPOINTS]; /* --endpoint EP0,EP1,...: producer p connects to p mod n */
+    unsigned endpoint_count;
 } opts_t;
 
 typedef struct {
@@ -154,13 +162,15 @@ static void producer_error(producer_t *p, const char *what, const char *why)
 }
 
 /* A client of the tallyd at --endpoint, or (--fleet) of the fleet's owners. */
-static tally_status_t client_new(const opts_t *o, tally_client_t **c, char *why, size_t why_cap)
+static tally_status_t client_new(const opts_t *o, unsigned producer, tally_client_t **c, char *why,
+                                 size_t why_cap)
 {
     if (o->fleet) {
         tally_nats_opts_t n = {.servers = o->fleet, .timeout_ms = TIMEOUT_MS};
         return tally_client_new_fleet(&n, c, why, why_cap);
     }
-    tally_status_t st = tally_client_new_curve(o->c.endpoint, TIMEOUT_MS, &o->curve, c);
+    const char *endpoint = o->endpoints[producer % o->endpoint_count];
+    tally_status_t st = tally_client_new_curve(endpoint, TIMEOUT_MS, &o->curve, c);
     snprintf(why, why_cap, "%s", tally_status_text(st));
     return st;
 }
@@ -172,7 +182,7 @@ static bool producer_connect(producer_t *p, const tally_req_t *req, tally_client
 {
     const opts_t *o = p->o;
     char why[256];
-    tally_status_t st = client_new(o, c, why, sizeof why);
+    tally_status_t st = client_new(o, p->index, c, why, sizeof why);
     if (st != TALLY_OK) {
         producer_error(p, "connect", why);
         return false;
@@ -317,7 +327,7 @@ static bool setup_streams(opts_t *o)
     tally_client_t *c = NULL;
     char *text = NULL, why[256];
     const char *key = o->fleet ? "\nnats_partitions=" : "\nshards=";
-    if (client_new(o, &c, why, sizeof why) == TALLY_OK &&
+    if (client_new(o, 0, &c, why, sizeof why) == TALLY_OK &&
         tally_info(c, TALLY_OP_INFO, &text) == TALLY_OK) {
         const char *at = strstr(text, key);
         unsigned n = at ? (unsigned)strtoul(at + strlen(key), NULL, 10) : 1;
@@ -495,51 +505,33 @@ static void on_signal(int sig)
     echo_stop = 1;
 }
 
-static int serve_echo(char **endpoints, int count, const char *key_file, size_t reply_bytes,
-                      int io_threads, unsigned touch_threads)
+/* One echo socket and what its thread needs. */
+typedef struct {
+    void *sock;
+    touch_t *touch;
+    unsigned touch_threads;
+    const void *reply;
+    size_t reply_bytes;
+    pthread_t thread;
+} echo_t;
+
+/* Answers every request on e->sock until a signal (its receive timeout looks at echo_stop). */
+static void *echo_loop(void *arg)
 {
-    touch_t touch = {.lock = PTHREAD_MUTEX_INITIALIZER,
-                     .work = PTHREAD_COND_INITIALIZER,
-                     .room = PTHREAD_COND_INITIALIZER};
-    touch_threads = touch_start(&touch, touch_threads);
-    void *reply = reply_bytes ? calloc(1, reply_bytes) : NULL;
-    void *ctx = zmq_ctx_new();
-    zmq_ctx_set(ctx, ZMQ_IO_THREADS, io_threads);
-    void *sock = zmq_socket(ctx, ZMQ_ROUTER);
-    int hwm = 1000, timeout = 200, one = 1;
-    if (key_file) {
-        char pub[TALLY_KEY_LEN + 1], sec[TALLY_KEY_LEN + 1], msg[512];
-        if (tally_key_file_read(key_file, true, pub, sec, msg, sizeof msg) != TALLY_OK) {
-            fprintf(stderr, "loadgen: %s\n", msg);
-            return 2;
-        }
-        zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof one);
-        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, TALLY_KEY_LEN);
-    }
-    zmq_setsockopt(sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
-    zmq_setsockopt(sock, ZMQ_RCVHWM, &hwm, sizeof hwm);
-    zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
-    zmq_setsockopt(sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
-    for (int i = 0; i < count; i++)
-        if (zmq_bind(sock, endpoints[i]) != 0) {
-            fprintf(stderr, "loadgen: cannot bind %s: %s\n", endpoints[i], zmq_strerror(errno));
-            return 2;
-        }
-    signal(SIGTERM, on_signal);
-    signal(SIGINT, on_signal);
+    echo_t *e = arg;
     while (!echo_stop) {
         zmq_msg_t id, header, payload;
         zmq_msg_init(&id);
-        if (zmq_msg_recv(&id, sock, 0) < 0) {
+        if (zmq_msg_recv(&id, e->sock, 0) < 0) {
             zmq_msg_close(&id);
             continue;
         }
         zmq_msg_init(&header);
         zmq_msg_init(&payload);
-        zmq_msg_recv(&header, sock, 0);
-        zmq_msg_recv(&payload, sock, 0);
-        if (touch_threads)
-            touch_push(&touch, &payload);
+        zmq_msg_recv(&header, e->sock, 0);
+        zmq_msg_recv(&payload, e->sock, 0);
+        if (e->touch_threads)
+            touch_push(e->touch, &payload);
         tally_req_t req;
         tally_rep_t rep;
         memset(&rep, 0, sizeof rep);
@@ -551,25 +543,95 @@ static int serve_echo(char **endpoints, int count, const char *key_file, size_t 
             rep.request_id = req.request_id;
             rep.status = TALLY_OK;
             rep.dtype = TALLY_DTYPE_U8;
-            rep.count = reply ? reply_bytes : zmq_msg_size(&payload);
+            rep.count = e->reply ? e->reply_bytes : zmq_msg_size(&payload);
         }
         uint8_t out[TALLY_REP_HEADER_SIZE];
         tally_rep_encode(&rep, out);
-        zmq_msg_send(&id, sock, ZMQ_SNDMORE);
-        zmq_send(sock, out, sizeof out, ZMQ_SNDMORE);
-        if (reply)
-            zmq_send(sock, reply, reply_bytes, 0);
+        zmq_msg_send(&id, e->sock, ZMQ_SNDMORE);
+        zmq_send(e->sock, out, sizeof out, ZMQ_SNDMORE);
+        if (e->reply)
+            zmq_send(e->sock, e->reply, e->reply_bytes, 0);
         else
-            zmq_msg_send(&payload, sock, 0); /* the request's own frame: no copy */
+            zmq_msg_send(&payload, e->sock, 0); /* the request's own frame: no copy */
         zmq_msg_close(&header);
         zmq_msg_close(&id);
         zmq_msg_close(&payload);
     }
+    return NULL;
+}
+
+/* A ROUTER socket of ctx with the echo's options (CURVE with sec, when not NULL). */
+static void *echo_socket(void *ctx, const char *sec)
+{
+    void *sock = zmq_socket(ctx, ZMQ_ROUTER);
+    int hwm = 1000, timeout = 200, one = 1;
+    if (sec) {
+        zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof one);
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, TALLY_KEY_LEN);
+    }
+    zmq_setsockopt(sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(sock, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    zmq_setsockopt(sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    return sock;
+}
+
+/* The echo server: one ROUTER socket bound to every endpoint, served by this thread; or
+ * (--echo-fronts, as tallyd's fronts) a socket and a thread per endpoint, in one context. */
+static int serve_echo(char **endpoints, int count, const char *key_file, size_t reply_bytes,
+                      int io_threads, unsigned touch_threads, bool fronts)
+{
+    touch_t touch = {.lock = PTHREAD_MUTEX_INITIALIZER,
+                     .work = PTHREAD_COND_INITIALIZER,
+                     .room = PTHREAD_COND_INITIALIZER};
+    touch_threads = touch_start(&touch, touch_threads);
+    void *reply = reply_bytes ? calloc(1, reply_bytes) : NULL;
+    void *ctx = zmq_ctx_new();
+    zmq_ctx_set(ctx, ZMQ_IO_THREADS, io_threads);
+    char pub[TALLY_KEY_LEN + 1], sec[TALLY_KEY_LEN + 1], msg[512];
+    if (key_file && tally_key_file_read(key_file, true, pub, sec, msg, sizeof msg) != TALLY_OK) {
+        fprintf(stderr, "loadgen: %s\n", msg);
+        return 2;
+    }
+    echo_t echo[MAX_ENDPOINTS];
+    int sockets = fronts ? count : 1;
+    for (int i = 0; i < sockets; i++)
+        echo[i] = (echo_t){.sock = echo_socket(ctx, key_file ? sec : NULL),
+                           .touch = &touch,
+                           .touch_threads = touch_threads,
+                           .reply = reply,
+                           .reply_bytes = reply_bytes};
+    for (int i = 0; i < count; i++)
+        if (zmq_bind(echo[fronts ? i : 0].sock, endpoints[i]) != 0) {
+            fprintf(stderr, "loadgen: cannot bind %s: %s\n", endpoints[i], zmq_strerror(errno));
+            return 2;
+        }
+    signal(SIGTERM, on_signal);
+    signal(SIGINT, on_signal);
+    for (int i = 1; i < sockets; i++)
+        pthread_create(&echo[i].thread, NULL, echo_loop, &echo[i]);
+    echo_loop(&echo[0]);
+    for (int i = 1; i < sockets; i++)
+        pthread_join(echo[i].thread, NULL);
     touch_stop(&touch);
     free(reply);
-    zmq_close(sock);
+    for (int i = 0; i < sockets; i++)
+        zmq_close(echo[i].sock);
     zmq_ctx_term(ctx);
     return 0;
+}
+
+/* --endpoint EP0,EP1,...: the endpoints producers spread over (tallyd's binds and fronts). */
+static bool split_endpoints(opts_t *o)
+{
+    const char *at = o->c.endpoint;
+    while (*at && o->endpoint_count < MAX_ENDPOINTS) {
+        size_t len = strcspn(at, ",");
+        if (len && !(o->endpoints[o->endpoint_count++] = strndup(at, len)))
+            return false;
+        at += len + (at[len] == ',');
+    }
+    return o->endpoint_count > 0 && !*at;
 }
 
 static void usage(void)
@@ -583,7 +645,7 @@ static void usage(void)
             "               [--send copy|zc] [--label TEXT]\n"
             "               [--header] [--server-key KEY|FILE --client-key FILE]\n"
             "       loadgen [--echo-key FILE] [--echo-reply BYTES] [--echo-io-threads N]\n"
-            "               [--echo-touch N] --serve-echo EP [EP...]\n");
+            "               [--echo-touch N] [--echo-fronts] --serve-echo EP [EP...]\n");
 }
 
 /* Loadgen's own options (bench_own_opt_fn); --serve-echo takes the rest of the line. */
@@ -593,6 +655,7 @@ typedef struct {
     size_t echo_reply; /* --echo-reply: bytes of every echo reply; 0 = the request's payload */
     int echo_io_threads;
     unsigned echo_touch; /* --echo-touch: threads that copy each payload out */
+    bool echo_fronts;    /* --echo-fronts: a socket and a thread per endpoint */
     char **serve_echo;   /* the endpoints after --serve-echo, or NULL */
     int serve_echo_count;
 } args_t;
@@ -604,6 +667,10 @@ static bool own_opt(void *ctx, int argc, char **argv, int *i)
     const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
     if (strcmp(a, "--stream") == 0) {
         o->stream = true;
+        return true;
+    }
+    if (strcmp(a, "--echo-fronts") == 0) {
+        g->echo_fronts = true;
         return true;
     }
     if (strcmp(a, "--scan-i32") == 0) {
@@ -664,10 +731,15 @@ int main(int argc, char **argv)
     }
     if (g.serve_echo)
         return serve_echo(g.serve_echo, g.serve_echo_count, g.echo_key, g.echo_reply,
-                          g.echo_io_threads > 0 ? g.echo_io_threads : 1, g.echo_touch);
+                          g.echo_io_threads > 0 ? g.echo_io_threads : 1, g.echo_touch,
+                          g.echo_fronts);
     if (!o.c.endpoint == !o.fleet || (o.fleet && o.shm) || !o.c.producers ||
         o.c.producers > MAX_PRODUCERS || !o.c.window || o.c.window > MAX_WINDOW ||
         (o.c.size % 4 && strcmp(o.op, "hist") && strcmp(o.op, "echo"))) {
+        usage();
+        return 2;
+    }
+    if (o.c.endpoint && !split_endpoints(&o)) {
         usage();
         return 2;
     }
@@ -683,5 +755,7 @@ int main(int argc, char **argv)
     }
     int rc = run(&o);
     free(o.shard_of_stream);
+    for (unsigned i = 0; i < o.endpoint_count; i++)
+        free(o.endpoints[i]);
     return rc;
 }

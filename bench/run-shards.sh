@@ -15,7 +15,13 @@
 #      line: an imbalance shows);
 #   4. the same load with more ZeroMQ I/O threads on both sides (IO_MORE, default 8) beside
 #      `redis-benchmark -t incr,hset -P 64 -c 16` against Debian's redis-server on this host,
-#      when both are installed.
+#      when both are installed;
+#   5. several fronts (issue 31: one ROUTER socket and its thread bound the echo itself): 64 B,
+#      16 producers x 64, ipc, 256 streams, IO_MORE I/O threads, tallyd on FRONTS_SHARDS shards
+#      (default 4: a front needs 2 or more) with N endpoints, its bind and N-1 fronts (`front`:
+#      a socket and a thread each), beside the echo with N endpoints each with a socket and a
+#      thread of its own (loadgen --echo-fronts), for N in FRONTS (default "1 2 4"); producer p
+#      connects to endpoint p mod N (loadgen --endpoint EP0,EP1,...). SKIP_FRONTS=1 leaves it out.
 # tallyd runs --backend auto (small batches on the CPU) with --max-inflight 4096, so that 16 x 64
 # requests in flight stay under every connection's fair share (at the default 64 they would be
 # answered `busy`). SECONDS_PER_RUN (default 1) sets each row's measured time. About 100 s on the
@@ -41,12 +47,16 @@ REDIS_N=${REDIS_N:-2000000}
 LAT_ROUNDS=${LAT_ROUNDS:-5}
 
 BASE=${BASE_TALLYD:-}
+FRONTS=${FRONTS:-1 2 4}
+FRONTS_SHARDS=${FRONTS_SHARDS:-4}
+TD_EXTRA=() # more tallyd arguments (section 5: its fronts)
 
 # tallyd NAME SHARDS IO [BINARY]: a tallyd (this build's, or BINARY) on ipc and tcp (a random
 # port); its pid in TD_PID.
 tallyd_up() {
   local name=$1 shards=$2 io=$3 bin=${4:-$TD} port=$((5800 + RANDOM % 100))
-  local args=(--backend auto --shm off --log-level warning --max-inflight 4096 --io-threads "$io")
+  local args=(--backend auto --shm off --log-level warning --max-inflight 4096 --io-threads "$io"
+    "${TD_EXTRA[@]}")
   [ "$shards" != default ] && args+=(--shards "$shards")
   [ "$bin" != "$TD" ] && port=$((5900 + RANDOM % 100))
   "$bin" --bind "ipc://$RUN/$name.ipc" --bind "tcp://127.0.0.1:$port" "${args[@]}" \
@@ -92,6 +102,39 @@ lg() { # label endpoint op size producers window extra...
   timeout $((${T%.*} + 20)) "$LG" --endpoint "$ep" --op "$op" --size "$size" --producers "$p" \
     --window "$w" --seconds "$T" --label "$label" "$@" 2>>"$OUT/shards.err" ||
     echo "| $label | FAILED |"
+}
+
+# Section 4: more I/O threads on both sides, and Redis beside them.
+more_and_redis() {
+  echo "## 4. $IO_MORE I/O threads on both sides, 64 B, 16 producers x 64, ipc, and Redis"
+  echo
+  bench_table_header
+  echo_up "$IO_MORE"
+  lg "echo" "ipc://$RUN/echo.ipc" echo 64 16 64 | grep '^| '
+  echo_down
+  tallyd_up more "${SHARDS:-default}" "$IO_MORE"
+  lg "tallyd" "ipc://$RUN/more.ipc" hist 64 16 64 --streams 256
+  busy more
+  lg "tallyd, no stream" "ipc://$RUN/more.ipc" hist 64 16 64
+  tallyd_down
+  echo
+  if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null &&
+    redis-server --version >/dev/null 2>&1; then
+    redis-server --port 6390 --save "" --appendonly no >"$OUT/redis.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 1 50); do
+      redis-cli -p 6390 ping 2>/dev/null | grep -q PONG && break
+      sleep 0.1
+    done
+    echo "redis-benchmark -t incr,hset -P 64 -c 16 -n $REDIS_N (Redis $(redis-server --version |
+      sed -n 's/.*v=\([0-9.]*\).*/\1/p'); one thread executes):"
+    timeout 60 redis-benchmark -p 6390 -t incr,hset -P 64 -c 16 -n "$REDIS_N" -q 2>&1 |
+      tr '\r' '\n' | grep -E "requests per second" | tail -2
+    redis-cli -p 6390 shutdown nosave >/dev/null 2>&1
+  else
+    echo "redis-server or redis-benchmark not installed (or not runnable): no Redis row"
+  fi
+  echo
 }
 
 {
@@ -158,35 +201,37 @@ lg() { # label endpoint op size producers window extra...
   done
   echo
   [ "${SKIP_MORE:-0}" = 1 ] && exit 0
-  echo "## 4. $IO_MORE I/O threads on both sides, 64 B, 16 producers x 64, ipc, and Redis"
+  more_and_redis
+  [ "${SKIP_FRONTS:-0}" = 1 ] && exit 0
+  echo "## 5. Several fronts: 64 B, 16 producers x 64, ipc, 256 streams, $IO_MORE I/O threads," \
+    "tallyd on $FRONTS_SHARDS shards; N endpoints each with a socket and a thread, both sides"
   echo
   bench_table_header
-  echo_up "$IO_MORE"
-  lg "echo" "ipc://$RUN/echo.ipc" echo 64 16 64 | grep '^| '
-  echo_down
-  tallyd_up more "${SHARDS:-default}" "$IO_MORE"
-  lg "tallyd" "ipc://$RUN/more.ipc" hist 64 16 64 --streams 256
-  busy more
-  lg "tallyd, no stream" "ipc://$RUN/more.ipc" hist 64 16 64
-  tallyd_down
-  echo
-  if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null &&
-    redis-server --version >/dev/null 2>&1; then
-    redis-server --port 6390 --save "" --appendonly no >"$OUT/redis.log" 2>&1 &
-    pids+=($!)
-    for _ in $(seq 1 50); do
-      redis-cli -p 6390 ping 2>/dev/null | grep -q PONG && break
-      sleep 0.1
+  for n in $FRONTS; do
+    eps=() tds=() TD_EXTRA=()
+    for ((i = 0; i < n; i++)); do
+      eps+=("ipc://$RUN/echo-$n-$i.ipc")
+      ((i > 0)) && TD_EXTRA+=(--front "ipc://$RUN/fronts$n-$i.ipc") &&
+        tds+=("ipc://$RUN/fronts$n-$i.ipc")
     done
-    echo "redis-benchmark -t incr,hset -P 64 -c 16 -n $REDIS_N (Redis $(redis-server --version |
-      sed -n 's/.*v=\([0-9.]*\).*/\1/p'); one thread executes):"
-    timeout 60 redis-benchmark -p 6390 -t incr,hset -P 64 -c 16 -n "$REDIS_N" -q 2>&1 |
-      tr '\r' '\n' | grep -E "requests per second" | tail -2
-    redis-cli -p 6390 shutdown nosave >/dev/null 2>&1
-  else
-    echo "redis-server or redis-benchmark not installed (or not runnable): no Redis row"
-  fi
+    "$LG" --echo-io-threads "$IO_MORE" --echo-reply 2048 --echo-fronts --serve-echo "${eps[@]}" \
+      >/dev/null 2>&1 &
+    ECHO_PID=$!
+    pids+=("$ECHO_PID")
+    sleep 1
+    lg "echo $n endpoints" "$(IFS=,; echo "${eps[*]}")" echo 64 16 64 | grep '^| '
+    echo_down
+    if tallyd_up "fronts$n" "$FRONTS_SHARDS" "$IO_MORE"; then
+      lg "tallyd $n endpoints" "$(IFS=,; echo "ipc://$RUN/fronts$n.ipc${tds[*]:+,${tds[*]}}")" \
+        hist 64 16 64 --streams 256
+      busy "fronts$n"
+      tallyd_down
+    fi
+    TD_EXTRA=()
+  done
+  echo
 } 2>&1 | tee "$MD"
+
 
 # The issue's tables from the rows above (each section's rows by their labels).
 awk -v shards="${SHARDS:-default}" -v io="$IO" -v io_more="$IO_MORE" '
@@ -218,6 +263,10 @@ function spread(L, n) { return n ? sprintf("%s-%s", L[1], L[n]) : "-" } # after 
     if (label == "echo") scale_echo = rps
     else if (label ~ /base/) { n = label + 0; bsc[n] = rps; last = "b" n; bper = 1 }
     else { n = label + 0; sc[n] = rps; sorder[++ns] = n; last = n }
+  } else if (sec == 5) { # "echo N endpoints", "tallyd N endpoints"
+    split(label, L, " "); n = L[2] + 0
+    if (!(n in fseen)) { fseen[n] = 1; forder[++nf] = n }
+    if (L[1] == "echo") fecho[n] = rps; else ftd[n] = rps
   } else if (sec == 4) {
     if (label == "echo") more_echo = rps
     else if (label ~ /no stream/) more_plain = rps
@@ -227,7 +276,7 @@ function spread(L, n) { return n ? sprintf("%s-%s", L[1], L[n]) : "-" } # after 
 }
 /^per shard/ && sec == 3 { per[last] = $0; sub(/.*req\/s: */, "", per[last]) }
 /^busy s per shard/ { b = $0; sub(/^busy s per shard: */, "", b); sub(/;.*/, "", b)
-  if (sec == 3) busy[last] = b; else more_busy = b }
+  if (sec == 3) busy[last] = b; else if (sec == 5) fbusy[forder[nf]] = b; else more_busy = b }
 /requests per second/ { r = $2 + 0; if ($1 ~ /INCR/) incr = r; else if ($1 ~ /HSET/) hset = r }
 END {
   printf "### Shards (issue 31): tallyd against the echo, %s I/O threads each, tallyd shards: %s\n\n", io, shards
@@ -262,6 +311,16 @@ END {
     printf "| %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s |\n", n, sc[n], ratio(sc[n], sc[1]),
       ratio(sc[n], sc[1] * n), ratio(sc[n], scale_echo), per[n], busy[n],
       bper ? sprintf("%.0f", bsc[n]) : "-", ratio(bsc[n], scale_echo), bper ? busy["b" n] : "-"
+  }
+  if (nf) {
+    printf "\n### Several fronts: 64 B, 16 producers x 64, ipc, 256 streams, %s I/O threads, N endpoints each with a socket and a thread\n\n", io_more
+    print "| endpoints | echo req/s | tallyd req/s | tallyd / echo | echo / Redis INCR | tallyd / Redis INCR | tallyd busy s per shard |"
+    print "|---|---|---|---|---|---|---|"
+    for (i = 1; i <= nf; i++) {
+      n = forder[i]
+      printf "| %d | %.0f | %.0f | %s | %s | %s | %s |\n", n, fecho[n], ftd[n], ratio(ftd[n], fecho[n]),
+        ratio(fecho[n], incr), ratio(ftd[n], incr), fbusy[n]
+    }
   }
   if (more_echo == "") exit
   printf "\n### %s I/O threads on both sides, 64 B, 16 producers x 64, ipc\n\n", io_more

@@ -38,6 +38,7 @@
 #include "td_metrics.h"
 #include "td_ops.h"
 #include "td_path.h"
+#include "td_zmq_front.h"
 #include "td_peers.h"
 #include "td_pub.h"
 #include "td_reply.h"
@@ -68,6 +69,7 @@ struct td_server {
     td_replies_t *replies; /* what replies hold; lives until after the transports */
     td_path_t *path;       /* the request path, and its scheduler */
     td_zmq_t *zmq;         /* the ZeroMQ transport: the ROUTER socket, CURVE */
+    td_fronts_t *fronts;   /* the endpoints with a thread each (td_zmq_front.h), or none */
     td_local_t *local;     /* the HTTP API's requests */
     tk_backend_t *cpu;     /* the CPU backend; the GPU runs through the executor's pipeline */
     td_exec_t *exec;       /* where compute requests run: CPU workers or the GPU pipeline */
@@ -76,6 +78,7 @@ struct td_server {
     char devices[256];
     td_metrics_t metrics; /* this thread's counters; the shards keep theirs (td_path.h) */
     td_shard_gauges_t shard_gauges[TD_SHARDS_LIMIT]; /* sample_gauges' */
+    td_front_counts_t front_counts[TD_MAX_BINDS];    /* the same, each front's */
     td_service_t *service; /* systemd, state persistence, HTTP metrics, reload */
     uint64_t started_ns;
     td_fleet_status_t fleet_status; /* a NATS fleet worker's info keys and metrics */
@@ -108,12 +111,17 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
     unsigned shards = td_path_shard_count(s->path);
     for (unsigned i = 0; i < shards && i < TD_SHARDS_LIMIT; i++)
         td_path_shard_gauges(s->path, i, &s->shard_gauges[i]);
+    unsigned fronts = td_fronts_count(s->fronts);
+    for (unsigned i = 0; i < fronts; i++)
+        td_fronts_counts(s->fronts, i, &s->front_counts[i]);
     *g = (td_gauges_t){
         .inflight = td_path_inflight(s->path),
         .max_inflight = s->cfg.max_inflight,
         .queued = td_path_queued(s->path),
         .shards = shards,
         .shard = s->shard_gauges,
+        .fronts = fronts,
+        .front = s->front_counts,
         .stream_count = td_streams_count(s->streams),
         .state_bytes = td_streams_bytes(s->streams),
         .state_bytes_max = s->cfg.max_state_bytes,
@@ -240,6 +248,15 @@ static void zmq_pumped(void *owner, bool read_any, bool more)
         close_all(s);
 }
 
+/* A stopping front has read (the quiet timer again) or answered: may tallyd close now? */
+static void fronts_pumped(void *owner, bool read_any)
+{
+    td_server_t *s = owner;
+    if (read_any && !s->closed)
+        not_quiet(s);
+    td_zmq_pump(s->zmq); /* zmq_pumped closes once nothing is in flight (the fronts' too) */
+}
+
 static void drain_cb(uv_timer_t *handle)
 {
     td_server_t *s = handle->data;
@@ -260,6 +277,7 @@ static void stop(td_server_t *s, int signum)
               "for up to %u ms",
               strsignal(signum), inflight, s->cfg.drain_ms);
     not_quiet(s); /* the signal counts as input */
+    td_fronts_stopping(s->fronts);
     td_service_stopping(s->service);
     int rc = uv_timer_start(&s->drain_timer, drain_cb, s->cfg.drain_ms, 0);
     td_path_stop(s->path); /* answers what waits on a stream, in each stream's order */
@@ -288,6 +306,7 @@ static void close_all(td_server_t *s)
     s->closed = true;
     td_zmq_close(s->zmq);   /* replies kept for connections that closed are dropped */
     td_path_close(s->path); /* the shards' threads end: their state is this thread's now */
+    td_fronts_stop(s->fronts); /* their last replies sent, their threads joined */
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
     uv_close((uv_handle_t *)&s->quiet_timer, NULL);
     uv_close((uv_handle_t *)&s->sweep_timer, NULL);
@@ -384,7 +403,19 @@ static td_err_t open_transports(td_server_t *s)
                         .metrics = &s->metrics,
                         .pumped = zmq_pumped,
                         .owner = s};
-    return td_zmq_new(&env, &s->zmq);
+    td_err_t err = td_zmq_new(&env, &s->zmq);
+    if (err != TD_OK)
+        return err;
+    td_fronts_env_t fronts = {.loop = &s->loop,
+                              .cfg = &s->cfg,
+                              .path = s->path,
+                              .zmq_ctx = td_zmq_context(s->zmq),
+                              .auth = td_zmq_auth(s->zmq),
+                              .replies = s->replies,
+                              .shards = td_path_shard_count(s->path),
+                              .pumped = fronts_pumped,
+                              .owner = s};
+    return td_fronts_new(&fronts, &s->fronts);
 }
 
 /* The server's own handles: in td_server_new's order, so that a failure closes what was
@@ -497,6 +528,7 @@ static void close_started(td_server_t *s)
         uv_run(&s->loop, UV_RUN_NOWAIT);
         td_shm_destroy(&s->shm);
     }
+    td_fronts_destroy(&s->fronts); /* never ran: before the context's end */
     if (s->zmq) {
         td_zmq_close(s->zmq);
         uv_run(&s->loop, UV_RUN_NOWAIT);
@@ -551,6 +583,7 @@ static void close_tables(td_server_t *s)
     if (s->cpu)
         s->cpu->destroy(&s->cpu);
     td_peers_destroy(&s->peers);
+    td_fronts_destroy(&s->fronts);   /* its peers' tables, as the one above */
     td_replies_destroy(&s->replies); /* after the transports: they free replies until then */
     td_streams_destroy(&s->streams);
 }
@@ -626,7 +659,8 @@ int td_server_run(td_server_t *s)
     td_notice("tallyd %s ready: %u in flight max, batches up to %zu bytes", TALLY_VERSION,
               s->cfg.max_inflight, s->cfg.max_batch);
     td_service_ready(s->service);
-    if (td_path_run(s->path) != TD_OK) { /* the shards' threads: stop at once, cleanly */
+    if (td_path_run(s->path) != TD_OK || td_fronts_run(s->fronts) != TD_OK) {
+        /* the shards' threads, the fronts': stop at once, cleanly */
         stop(s, SIGTERM);
         td_path_drain_over(s->path);
     }

@@ -55,15 +55,20 @@ static void test_keys(void **state)
     char *s = text_of(r);
     assert_true(strncmp(s, "version=", 8) == 0);
     assert_non_null(strstr(s, "\ndevices=none\n"));
-    assert_non_null(strstr(s, "\ngpu_uuids=\nshards=2\n"));
+    assert_non_null(strstr(s, "\ngpu_uuids=\nshards=2\nfronts=\n"));
     assert_null(strstr(s, "nats="));
     free(s);
     td_request_destroy(&r);
     info.gpu_uuids = "GPU-0";
     info.fleet = &fleet;
+    assert_int_equal(td_config_add_endpoint(cfg.fronts, &cfg.front_count, "ipc:///tmp/f1"), TD_OK);
+    assert_int_equal(td_config_add_endpoint(cfg.fronts, &cfg.front_count, "tcp://127.0.0.1:7"),
+                     TD_OK);
     r = info_reply(&info);
     s = text_of(r);
-    assert_non_null(strstr(s, "\ngpu_uuids=GPU-0\nshards=2\nnats=off\n"));
+    assert_non_null(strstr(s,
+                           "\ngpu_uuids=GPU-0\nshards=2\nfronts=ipc:///tmp/f1,tcp://127.0.0.1:7\n"
+                           "nats=off\n"));
     assert_int_equal(s[r->reply_len - 1], '\n');
     free(s);
     td_request_destroy(&r);

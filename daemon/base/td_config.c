@@ -215,6 +215,9 @@ td_err_t td_config_check_protected(const td_config_t *cfg, char *msg, size_t cap
     for (int i = 0; i < cfg->bind_count; i++)
         if (td_config_check_endpoint(cfg, cfg->binds[i], TD_ENDPOINT_REQUEST, msg, cap) != TD_OK)
             return TD_ERR_CONFIG;
+    for (int i = 0; i < cfg->front_count; i++) /* a front is a CURVE server as the binds are */
+        if (td_config_check_endpoint(cfg, cfg->fronts[i], TD_ENDPOINT_REQUEST, msg, cap) != TD_OK)
+            return TD_ERR_CONFIG;
     /* The PUB socket is a CURVE server exactly when the request endpoint is (td_pub_new). */
     if (cfg->pub_endpoint &&
         td_config_check_endpoint(cfg, cfg->pub_endpoint, TD_ENDPOINT_PUB, msg, cap) != TD_OK)
@@ -224,16 +227,21 @@ td_err_t td_config_check_protected(const td_config_t *cfg, char *msg, size_t cap
     return TD_OK;
 }
 
-td_err_t td_config_add_bind(td_config_t *cfg, const char *endpoint)
+td_err_t td_config_add_endpoint(char **list, int *count, const char *endpoint)
 {
-    if (cfg->bind_count >= TD_MAX_BINDS ||
+    if (*count >= TD_MAX_BINDS ||
         tally_endpoint_check(endpoint, TALLY_ENDPOINT_BIND, NULL, 0) != TALLY_OK)
         return TD_ERR_CONFIG;
     char *copy = strdup(endpoint);
     if (!copy)
         return TD_ERR_NOMEM;
-    cfg->binds[cfg->bind_count++] = copy;
+    list[(*count)++] = copy;
     return TD_OK;
+}
+
+td_err_t td_config_add_bind(td_config_t *cfg, const char *endpoint)
+{
+    return td_config_add_endpoint(cfg->binds, &cfg->bind_count, endpoint);
 }
 
 const char *td_backend_choice_name(td_backend_choice_t choice)

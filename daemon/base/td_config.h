@@ -346,6 +346,8 @@ typedef enum {
 typedef struct {
     char *binds[TD_MAX_BINDS]; /* owned strings */
     int bind_count;
+    char *fronts[TD_MAX_BINDS]; /* owned; each a ROUTER socket with a thread of its own */
+    int front_count;
     td_backend_choice_t backend;
     size_t max_batch;      /* bytes */
     unsigned max_inflight; /* requests */
@@ -441,6 +443,8 @@ typedef struct {
 
 /* Adds an endpoint to cfg->binds: TD_ERR_CONFIG for an invalid one or one too many. */
 td_err_t td_config_add_bind(td_config_t *cfg, const char *endpoint);
+/* The same for any list of endpoints (the binds, the fronts) of *count entries. */
+td_err_t td_config_add_endpoint(char **list, int *count, const char *endpoint);
 
 /* The cores this process may run on: its CPU affinity (taskset, systemd's CPUAffinity=, a
  * cgroup's cpuset), else the cores online. What every default sized by the cores counts. */

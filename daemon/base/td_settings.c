@@ -30,6 +30,13 @@ const td_setting_t td_settings[] = {
      .reload = TD_RELOAD_RESTART,
      .help = "ZeroMQ endpoint to bind, repeatable; leave it unset when tallyd.socket passes the "
              "sockets"},
+    {.option = "front", .arg = "ENDPOINT", .section = "server", .key = "front",
+     .type = TD_SET_ENDPOINTS, .offset = FIELD(fronts), .aux = FIELD(front_count),
+     .reload = TD_RELOAD_RESTART,
+     .help = "ZeroMQ endpoint served by a ROUTER socket and a thread of its own (a front: its "
+             "requests go straight to the shards), repeatable; beside the binds, which stay on "
+             "the loop thread; needs 2 shards or more (docs/performance.md)",
+     .default_doc = "none", .example = "ipc:///run/tallyd/front1.sock"},
     {.option = "backend", .arg = "NAME", .section = "server", .key = "backend",
      .type = TD_SET_BACKEND, .offset = FIELD(backend), .def = TD_BACKEND_AUTO,
      .reload = TD_RELOAD_RESTART,
@@ -741,7 +748,7 @@ static td_err_t add_endpoint(const td_setting_t *s, td_config_t *cfg, const char
         snprintf(why, why_cap, "invalid endpoint '%s' for --%s: %s", endpoint, s->option, reason);
         return TD_ERR_CONFIG;
     }
-    return td_config_add_bind(cfg, endpoint);
+    return td_config_add_endpoint(field(s, cfg), aux_field(s, cfg), endpoint);
 }
 
 /* A string setting with its flag that says it was given (aux). */
@@ -845,8 +852,8 @@ static void format_lists(const td_setting_t *s, const td_config_t *cfg, bool doc
         format_list(field(s, cfg), NULL, *(int *)aux_field(s, cfg), buf, cap);
     else
         format_list(NULL, field(s, cfg), (int)*(unsigned *)aux_field(s, cfg), buf, cap);
-    if (!buf[0] && s->type == TD_SET_ENDPOINTS && docs)
-        snprintf(buf, cap, "%s", TD_DEFAULT_ENDPOINT);
+    if (!buf[0] && s->type == TD_SET_ENDPOINTS && docs && s->offset == FIELD(binds))
+        snprintf(buf, cap, "%s", TD_DEFAULT_ENDPOINT); /* the fronts have none */
     else if (!buf[0] && !docs)
         snprintf(buf, cap, "(none)");
 }

@@ -279,9 +279,9 @@ td_err_t td_config_load_file(td_config_t *cfg, const char *path, char *msg, size
     return TD_ERR_CONFIG;
 }
 
-static void drop_binds(td_config_t *cfg)
+static void drop_list(td_config_t *cfg, const char *option)
 {
-    td_setting_free(td_setting_by_option("bind"), cfg);
+    td_setting_free(td_setting_by_option(option), cfg);
 }
 
 /* The file over the defaults in cfg: --config FILE (which must exist), else the default file
@@ -320,6 +320,14 @@ static td_err_t finish_config(td_config_t *cfg, char *msg, size_t msg_cap)
                  cfg->pub_endpoint);
         return TD_ERR_CONFIG;
     }
+    if (cfg->front_count && td_config_shards(cfg) < 2) {
+        snprintf(msg, msg_cap,
+                 "front %s needs 2 shards or more (a front hands its requests to the shards' "
+                 "threads; with one shard everything runs on the loop thread): set shards, or "
+                 "bind the endpoint instead",
+                 cfg->fronts[0]);
+        return TD_ERR_CONFIG;
+    }
     /* Under systemd, StateDirectory= names the state directory (the first of a list). */
     const char *env = getenv("STATE_DIRECTORY");
     if (!cfg->state_dir && env && env[0] && !(cfg->state_dir = strndup(env, strcspn(env, ":"))))
@@ -349,10 +357,12 @@ td_err_t td_config_load(td_config_t *cfg, int argc, char **argv, bool *exit_now,
     err = load_file_layer(cfg, &cli, msg, msg_cap);
     if (err != TD_OK)
         goto cleanup;
-    /* Pass 2: the command line over the file. Binds are the one list: any --bind replaces the
-     * file's bind lines instead of adding to them. */
+    /* Pass 2: the command line over the file. Binds and fronts are lists: any --bind (--front)
+     * replaces the file's bind (front) lines instead of adding to them. */
     if (cli.bind_count > 0)
-        drop_binds(cfg);
+        drop_list(cfg, "bind");
+    if (cli.front_count > 0)
+        drop_list(cfg, "front");
     err = td_config_parse_args(cfg, argc, argv, exit_now, msg, msg_cap);
     if (err != TD_OK)
         goto cleanup;

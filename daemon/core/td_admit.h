@@ -26,7 +26,7 @@
 #include "td_reply.h"
 #include "td_request.h"
 
-typedef struct {
+typedef struct td_admit {
     const td_config_t *cfg; /* live: reloads apply */
     td_peers_t *peers;
     td_replies_t *replies;

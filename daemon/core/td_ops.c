@@ -75,6 +75,11 @@ void td_op_info(const td_info_t *info, td_request_t *r)
     /* The GPUs a device region may be registered on (PROTOCOL.md §10 "Device memory"), and the
      * request path's shards (issue 31). */
     info_add(&t, "gpu_uuids=%s\nshards=%u\n", info->gpu_uuids ? info->gpu_uuids : "", info->shards);
+    /* The endpoints with a socket and a thread each (`front`), beside the binds. */
+    info_add(&t, "fronts=");
+    for (int i = 0; i < c->front_count; i++)
+        info_add(&t, "%s%s", i ? "," : "", c->fronts[i]);
+    info_add(&t, "\n");
     /* The NATS fleet (PROTOCOL.md §13): on or off, and a worker's limits and partitions. */
     if (info->fleet)
         info_grew(&t, td_fleet_status_info(info->fleet, t.text + t.len, TD_TEXT_REPLY_MAX - t.len));

@@ -125,6 +125,7 @@ struct td_path_port {
     unsigned next_pick;        /* the next shard for a request on no stream */
     unsigned own_inflight;     /* submitted, their replies not taken yet */
     _Atomic unsigned inflight; /* the same, for the loop thread (td_path_inflight) */
+    td_admit_t *admit;         /* a connection's share and reply bytes, or NULL (the fleet) */
     pthread_mutex_t mu;        /* a flush, against td_path_ports_shut on the loop thread */
     bool closed;               /* under mu: the shards close; nothing may be posted to them */
 };

@@ -14,9 +14,14 @@
  *   port's thread ── batch per shard ──▶ shard's mailbox ──▶ shard ── batch per port ──▶ port
  *
  * What the front does per request, and what the port does instead:
- *   - admission (td_admit_identify): nothing: a port's requests are tallyd's own (no sender id),
- *     as the fleet's were, so no per-peer share; the shard still meets them with every other
- *     limit, and counts their reply bytes (td_reply.h: atomics);
+ *   - admission (td_admit_identify): the fleet's port none: its requests are tallyd's own (no
+ *     sender id), so no per-peer share; the shard still meets them with every other limit, and
+ *     counts their reply bytes (td_reply.h: atomics). A port given a td_admit_t of its own
+ *     (td_path_port_admit: a ZeroMQ front, net/td_zmq_front.c) identifies each request that names a
+ *     sender on its own thread, in the order it read them, against a peers' table of its own,
+ *     and the connection's in-flight share and reply bytes are judged as the front's are: the
+ *     verdict travels with the request to its shard (td_admit.h); the connection counts its
+ *     request answered once the transport has read the reply;
  *   - the shard: a named stream's (td_path_named_shard: the hash, pure), the others the next
  *     shard in turn (the front's least-loaded pick reads counts of the loop thread's). Every
  *     request of one port reaches its shard through the port's one batch for it: a stream's
@@ -54,6 +59,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "td_path_int.h"
 #include "td_reply.h"
@@ -81,10 +87,16 @@ td_err_t td_path_port_open(td_path_t *p, td_transport_t *t, void (*wake)(void *c
     atomic_init(&port->inflight, 0);
     port->mu = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     port->index = count;
+    port->admit = NULL;
     atomic_store_explicit(&p->ports[count], port, memory_order_relaxed);
     atomic_store_explicit(&p->port_count, count + 1, memory_order_release); /* after the entry */
     *out = port;
     return TD_OK;
+}
+
+void td_path_port_admit(td_path_port_t *port, td_admit_t *admit)
+{
+    port->admit = admit;
 }
 
 /* The requests in flight of every open port but `but`. */
@@ -206,6 +218,10 @@ static void refuse(td_path_port_t *port, td_request_t *r)
     td_request_fail(r, TALLY_E_SHUTDOWN, "tallyd reads nothing more (stopping)");
     td_request_release_input(r);
     td_replies_hand(port->path->env.replies, r);
+    r->out.to = (td_sender_t){.id = r->identity,
+                              .id_len = r->identity_len,
+                              .word = r->transport_word,
+                              .ctx = r->transport_ctx};
     td_hop_batch_add(&port->refused, &r->hop, HOP_REPLY);
 }
 
@@ -232,7 +248,14 @@ td_err_t td_path_port_submit(td_path_port_t *port, td_msg_t *m)
         return TD_ERR_NOMEM;
     r->received_ns = uv_hrtime();
     r->transport = port->transport;
+    r->transport_word = m->from.word;
+    r->transport_ctx = m->from.ctx;
     r->port = port;
+    if (port->admit && m->from.id) { /* a connection's: its share judged now (td_admit.h) */
+        r->identity_len = m->from.id_len < TD_IDENTITY_MAX ? m->from.id_len : TD_IDENTITY_MAX;
+        memcpy(r->identity, m->from.id, r->identity_len);
+        td_admit_identify(port->admit, r, m->from.user);
+    }
     td_path_take_message(r, m);
     unsigned shard = td_path_named_shard(p, r);
     if (shard >= p->count)
@@ -309,6 +332,11 @@ static unsigned hand_over(td_path_port_t *port, td_hop_t *hop,
         td_hop_t *next = hop->next;
         td_request_t *r = td_path_hop_request(hop);
         fn(ctx, &r->out);
+        if (port->admit) { /* the connection has one fewer in flight, its entries let go */
+            td_admit_answered(port->admit, r);
+            td_peers_release(port->admit->peers, &r->conn);
+            td_peers_release(port->admit->peers, &r->client);
+        }
         retire(port, r);
         n++;
         hop = next;

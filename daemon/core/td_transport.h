@@ -230,12 +230,19 @@ typedef struct td_path_port td_path_port_t;
  * TD_PATH_PORTS_MAX are open or the shards run already; TD_ERR_NOMEM. */
 td_err_t td_path_port_open(td_path_t *path, td_transport_t *t, void (*wake)(void *ctx), void *ctx,
                            td_path_port_t **out);
-/* The port's thread: as td_path_submit (msg->from is not read: no sender), the request added to
- * its shard's batch (posted by td_path_port_flush). TD_ERR_NOMEM: nothing taken, no reply will
- * come. TD_ERR_BUSY: max_inflight of this port's requests are in flight; nothing taken: submit
- * it again once replies have come. Once the path reads nothing more (its drain is over, or it is
- * closed) every request is answered `shutdown` by the port itself, through the same replies. */
+/* The port's thread: as td_path_submit, the request added to its shard's batch (posted by
+ * td_path_port_flush); msg->from is read only by a port given an admission of its own
+ * (td_path_port_admit), else its requests are tallyd's own (no sender). TD_ERR_NOMEM: nothing
+ * taken, no reply will come. TD_ERR_BUSY: max_inflight of this port's requests are in flight;
+ * nothing taken: submit it again once replies have come. Once the path reads nothing more (its
+ * drain is over, or it is closed) every request is answered `shutdown` by the port itself, through
+ * the same replies. */
 td_err_t td_path_port_submit(td_path_port_t *port, td_msg_t *msg);
+/* Before the port's thread submits: its requests that name a sender (msg->from.id) are
+ * identified on its thread in admit (its own peers' table, td_admit.h), held to their
+ * connection's share of the in-flight slots and to its reply bytes as the loop thread's are. */
+typedef struct td_admit td_admit_t;
+void td_path_port_admit(td_path_port_t *port, td_admit_t *admit);
 /* The port's thread: posts what was submitted since the last flush, a batch per shard. */
 void td_path_port_flush(td_path_port_t *port);
 /* The port's thread, last before it blocks: false when replies wait (take them instead); true

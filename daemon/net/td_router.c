@@ -186,6 +186,26 @@ td_err_t td_router_open(const td_config_t *cfg, td_router_t *rt)
     return TD_OK;
 }
 
+td_err_t td_router_open_front(void *ctx, const td_auth_t *auth, const td_config_t *cfg,
+                              const char *endpoint, void **out)
+{
+    *out = zmq_socket(ctx, ZMQ_ROUTER);
+    if (!*out)
+        return TD_ERR_LIBRARY;
+    set_socket_options(*out, cfg);
+    if (auth && td_auth_secure(auth, *out) != TD_OK)
+        return TD_ERR_LIBRARY;
+    int ipv6 = tally_endpoint_ipv6(endpoint);
+    zmq_setsockopt(*out, ZMQ_IPV6, &ipv6, sizeof ipv6); /* an int option: cannot fail */
+    if (zmq_bind(*out, endpoint) != 0) {
+        bind_failed(endpoint, errno);
+        return TD_ERR_BIND;
+    }
+    restrict_ipc_socket(endpoint);
+    td_info("listening on %s (a front: a thread of its own)", endpoint);
+    return TD_OK;
+}
+
 void td_router_close_monitor(td_router_t *rt)
 {
     if (!rt->monitor)

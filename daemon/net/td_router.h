@@ -30,6 +30,11 @@ typedef struct {
 /* Fills *rt as far as it gets: on failure (logged) what was made is left in *rt for the caller
  * to close (td_router_close_monitor, zmq_close the socket, td_auth_destroy, zmq_ctx_term). */
 td_err_t td_router_open(const td_config_t *cfg, td_router_t *rt);
+/* A front's ROUTER socket (td_zmq_front.h) in the ROUTER's context ctx: the same options, CURVE
+ * with its handler (auth) when it has one, bound to endpoint; no monitor. On failure (logged) *out,
+ * when not NULL, is the caller's to close. */
+td_err_t td_router_open_front(void *ctx, const td_auth_t *auth, const td_config_t *cfg,
+                              const char *endpoint, void **out);
 /* Stops the monitor and closes its socket (before the ROUTER socket closes; idempotent). */
 void td_router_close_monitor(td_router_t *rt);
 

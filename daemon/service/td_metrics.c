@@ -539,6 +539,36 @@ static void render_shards(const td_gauges_t *g, out_t *o)
     }
 }
 
+/* Each front's requests and replies (td_zmq_front.h), so an imbalance between them shows. */
+static void render_fronts(const td_gauges_t *g, out_t *o)
+{
+    static const struct {
+        const char *name, *type, *help;
+    } families[] = {
+        {"tallyd_fronts", "gauge", "Fronts: endpoints with a socket and a thread each (front)."},
+        {"tallyd_front_requests_total", "counter", "Requests a front read."},
+        {"tallyd_front_replies_total", "counter", "Replies a front sent."},
+        {"tallyd_front_replies_dropped_total", "counter",
+         "Replies a front dropped: the connection had gone, or did not read."},
+        {"tallyd_front_busy_waits_total", "counter",
+         "Times a front stopped reading at max_inflight."},
+    };
+    emit(o, "# HELP %s %s\n# TYPE %s %s\n%s %u\n", families[0].name, families[0].help,
+         families[0].name, families[0].type, families[0].name, g->fronts);
+    for (size_t f = 1; g->fronts && f < sizeof families / sizeof families[0]; f++) {
+        emit(o, "# HELP %s %s\n# TYPE %s %s\n", families[f].name, families[f].help,
+             families[f].name, families[f].type);
+        for (unsigned i = 0; g->front && i < g->fronts; i++) {
+            const td_front_counts_t *c = &g->front[i];
+            uint64_t v = f == 1   ? c->requests
+                         : f == 2 ? c->replies
+                         : f == 3 ? c->dropped_gone + c->dropped_slow
+                                  : c->busy_waits;
+            emit(o, "%s{front=\"%u\"} %llu\n", families[f].name, i, (unsigned long long)v);
+        }
+    }
+}
+
 /* What unread replies hold (td_reply.h), the bounds on it, and connections lost with requests
  * unanswered. */
 static void render_replies(const td_gauges_t *g, out_t *o)
@@ -592,6 +622,7 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
         render_auth(g, &o);
     render_gauges(g, &o);
     render_shards(g, &o);
+    render_fronts(g, &o);
     render_replies(g, &o);
     render_streams(g, &o);
     render_process(g, &o);

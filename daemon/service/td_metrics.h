@@ -21,6 +21,7 @@
 
 #include "td_auth.h"
 #include "td_counters.h"
+#include "td_zmq_front.h"
 #include "td_reply.h"
 #include "tally_proto.h"
 #include "td_stream.h"
@@ -56,6 +57,8 @@ typedef struct {
     td_reply_gauges_t reply;             /* unread replies (td_reply.h) */
     unsigned shards;                     /* the request path's shards (issue 31), and each one's */
     const struct td_shard_gauges *shard;
+    unsigned fronts; /* the fronts (td_zmq_front.h), and what each has done */
+    const td_front_counts_t *front;
     const struct td_fleet_status *fleet; /* the NATS fleet worker's (td_fleet_status.h), or NULL */
 } td_gauges_t;
 
