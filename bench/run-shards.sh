@@ -30,7 +30,8 @@
 # BASE_TALLYD=path (another build's tallyd, e.g. main's) runs beside this one in sections 1-3,
 # its rows labelled "base" and interleaved with this build's, so that both meet the same moment of
 # the host (an A/B in one run: bench/NOTES.md, "The front's instructions and wake-ups"); the summary then
-# gives its ratios too. SKIP_MORE=1 leaves out section 4.
+# gives its ratios too. SKIP_MORE=1 leaves out section 4; ONLY_MORE=1 runs sections 4 and 5 alone
+# (another FRONTS_SHARDS, in a minute rather than two).
 #
 # Then OUT_DIR/shards-summary.md, the tables computed from those rows (tallyd / echo,
 # the scaling against 1 shard x N, p50 - echo p50, tallyd / Redis INCR) with each shard's busy
@@ -140,66 +141,68 @@ more_and_redis() {
 {
   echo "# Shards against the echo and Redis ($(nproc) cores, $(date -u +%F))"
   echo
-  echo "## 1. hist u8, P producers x 64, tallyd (shards: ${SHARDS:-default}) and the echo," \
-    "$IO I/O threads each"
-  echo
-  bench_table_header
-  if [ -n "$BASE" ]; then
-    tallyd_up base "${SHARDS:-default}" "$IO" "$BASE"
-    BASE_PID=$TD_PID BASE_TCP=$TCP_EP
-  fi
-  tallyd_up main "${SHARDS:-default}" "$IO"
-  echo_up "$IO"
-  for tr in ipc tcp; do
-    td_ep=ipc://$RUN/main.ipc
-    ec_ep=ipc://$RUN/echo.ipc
-    base_ep=ipc://$RUN/base.ipc
-    [ $tr = tcp ] && td_ep=$TCP_EP && ec_ep=tcp://127.0.0.1:5799 && base_ep=${BASE_TCP:-}
-    for size in 64 1024 4096; do
-      for p in 8 16; do
-        lg "$tr echo" "$ec_ep" echo $size $p 64 | grep '^| '
-        lg "$tr tallyd" "$td_ep" hist $size $p 64 | grep '^| '
-        [ -n "$BASE" ] && lg "$tr base" "$base_ep" hist $size $p 64 | grep '^| '
-        lg "$tr tallyd 256 streams" "$td_ep" hist $size $p 64 --streams 256 | grep '^| '
-        [ -n "$BASE" ] && lg "$tr base 256 streams" "$base_ep" hist $size $p 64 --streams 256 |
-          grep '^| '
+  if [ "${ONLY_MORE:-0}" != 1 ]; then
+    echo "## 1. hist u8, P producers x 64, tallyd (shards: ${SHARDS:-default}) and the echo," \
+      "$IO I/O threads each"
+    echo
+    bench_table_header
+    if [ -n "$BASE" ]; then
+      tallyd_up base "${SHARDS:-default}" "$IO" "$BASE"
+      BASE_PID=$TD_PID BASE_TCP=$TCP_EP
+    fi
+    tallyd_up main "${SHARDS:-default}" "$IO"
+    echo_up "$IO"
+    for tr in ipc tcp; do
+      td_ep=ipc://$RUN/main.ipc
+      ec_ep=ipc://$RUN/echo.ipc
+      base_ep=ipc://$RUN/base.ipc
+      [ $tr = tcp ] && td_ep=$TCP_EP && ec_ep=tcp://127.0.0.1:5799 && base_ep=${BASE_TCP:-}
+      for size in 64 1024 4096; do
+        for p in 8 16; do
+          lg "$tr echo" "$ec_ep" echo $size $p 64 | grep '^| '
+          lg "$tr tallyd" "$td_ep" hist $size $p 64 | grep '^| '
+          [ -n "$BASE" ] && lg "$tr base" "$base_ep" hist $size $p 64 | grep '^| '
+          lg "$tr tallyd 256 streams" "$td_ep" hist $size $p 64 --streams 256 | grep '^| '
+          [ -n "$BASE" ] && lg "$tr base 256 streams" "$base_ep" hist $size $p 64 --streams 256 |
+            grep '^| '
+        done
       done
     done
-  done
-  echo
-  echo "## 2. One producer, one in flight, 4 KiB, ipc (p50: tallyd - echo)"
-  echo
-  bench_table_header
-  for ((round = 1; round <= LAT_ROUNDS; round++)); do
-    lg "ipc echo" "ipc://$RUN/echo.ipc" echo 4096 1 1
-    lg "ipc tallyd" "ipc://$RUN/main.ipc" hist 4096 1 1
-    [ -n "$BASE" ] && lg "ipc base" "ipc://$RUN/base.ipc" hist 4096 1 1
-  done
-  if [ -n "$BASE" ]; then
-    kill "$BASE_PID" 2>/dev/null
-    wait "$BASE_PID" 2>/dev/null
+    echo
+    echo "## 2. One producer, one in flight, 4 KiB, ipc (p50: tallyd - echo)"
+    echo
+    bench_table_header
+    for ((round = 1; round <= LAT_ROUNDS; round++)); do
+      lg "ipc echo" "ipc://$RUN/echo.ipc" echo 4096 1 1
+      lg "ipc tallyd" "ipc://$RUN/main.ipc" hist 4096 1 1
+      [ -n "$BASE" ] && lg "ipc base" "ipc://$RUN/base.ipc" hist 4096 1 1
+    done
+    if [ -n "$BASE" ]; then
+      kill "$BASE_PID" 2>/dev/null
+      wait "$BASE_PID" 2>/dev/null
+    fi
+    echo_down
+    tallyd_down
+    echo
+    echo "## 3. Scaling: hist u8 64 B, 16 producers x 64, ipc, 256 streams, $IO I/O threads"
+    echo
+    bench_table_header
+    echo_up "$IO"
+    lg "echo" "ipc://$RUN/echo.ipc" echo 64 16 64 | grep '^| '
+    echo_down
+    for n in $SCALE; do
+      tallyd_up "s$n" "$n" "$IO"
+      lg "$n shards" "ipc://$RUN/s$n.ipc" hist 64 16 64 --streams 256
+      busy "s$n"
+      tallyd_down
+      [ -n "$BASE" ] || continue
+      tallyd_up "b$n" "$n" "$IO" "$BASE"
+      lg "$n shards base" "ipc://$RUN/b$n.ipc" hist 64 16 64 --streams 256
+      busy "b$n"
+      tallyd_down
+    done
+    echo
   fi
-  echo_down
-  tallyd_down
-  echo
-  echo "## 3. Scaling: hist u8 64 B, 16 producers x 64, ipc, 256 streams, $IO I/O threads"
-  echo
-  bench_table_header
-  echo_up "$IO"
-  lg "echo" "ipc://$RUN/echo.ipc" echo 64 16 64 | grep '^| '
-  echo_down
-  for n in $SCALE; do
-    tallyd_up "s$n" "$n" "$IO"
-    lg "$n shards" "ipc://$RUN/s$n.ipc" hist 64 16 64 --streams 256
-    busy "s$n"
-    tallyd_down
-    [ -n "$BASE" ] || continue
-    tallyd_up "b$n" "$n" "$IO" "$BASE"
-    lg "$n shards base" "ipc://$RUN/b$n.ipc" hist 64 16 64 --streams 256
-    busy "b$n"
-    tallyd_down
-  done
-  echo
   [ "${SKIP_MORE:-0}" = 1 ] && exit 0
   more_and_redis
   [ "${SKIP_FRONTS:-0}" = 1 ] && exit 0
