@@ -15,6 +15,9 @@
  *   - max_inflight across fronts: at max_inflight 4, two fronts' connections pipelining 6 each
  *     are all answered ok (the fronts stop reading at the limit; nothing is refused or lost),
  *     and the requests in flight never pass the limit by more than a request per front;
+ *   - the bind held at max_inflight by a front's requests alone takes its request as soon as they
+ *     are answered (their replies wake the loop thread: td_path_wait_for_room), not at its next
+ *     timer (the peers' sweep, every second): four rounds, each within 300 ms;
  *   - the drain at SIGTERM with requests in flight on every front and the bind: each is answered
  *     ok, each sent after the signal `shutdown`, and tallyd exits 0;
  *   - CURVE: a front takes an allowed key's requests and nothing from a plain socket;
@@ -267,6 +270,40 @@ static void test_max_inflight_across_fronts(void **state)
     th_rmrf(f.dir);
 }
 
+/* The ms from the last of the front's two replies to the bind's one, whose request waited for
+ * their slots: its own 200 ms on the simulated GPU, and the loop thread's wake-up. */
+static long long bind_wait_after_front(const fixture_t *f, void *bind, void *front, uint64_t id)
+{
+    send_hists(front, id, 2);
+    long long inflight = 0; /* both launched: the slots are the front's */
+    for (int64_t end = th_now_ms() + 5000; inflight < 2 && th_now_ms() < end; th_sleep_ms(5))
+        inflight = th_metric(&f->d, "tallyd_requests_in_flight");
+    assert_int_equal(inflight, 2);
+    send_hists(bind, id + 100, 1);
+    assert_int_equal(replies_with(front, id, 2, TALLY_OK, TALLY_OK), 2);
+    int64_t freed = th_now_ms();
+    assert_int_equal(replies_with(bind, id + 100, 1, TALLY_OK, TALLY_OK), 1);
+    return th_now_ms() - freed;
+}
+
+static void test_bind_woken_by_a_front(void **state)
+{
+    (void)state;
+    static fixture_t f; /* static: the teardown reaches it after a failed assertion */
+    memset(&f, 0, sizeof f);
+    start_slow(&f, "200000",
+               (const char *[]){"--max-inflight", "2", "--metrics", "127.0.0.1:0", NULL});
+    void *bind = connect_to(&f, 0), *front = connect_to(&f, 1);
+    for (int round = 0; round < 4; round++) {
+        long long waited = bind_wait_after_front(&f, bind, front, 1 + 1000 * (uint64_t)round);
+        if (waited >= 200 + 300)
+            fail_msg("round %d: the bind's reply came %lld ms after the front's", round, waited);
+    }
+    th_close(front);
+    assert_int_equal(th_close_and_stop(bind, &f.d, 10000), 0);
+    th_rmrf(f.dir);
+}
+
 static void test_drain_on_every_front(void **state)
 {
     (void)state;
@@ -433,6 +470,7 @@ int main(void)
         cmocka_unit_test_teardown(test_order_and_state, kill_left),
         cmocka_unit_test_teardown(test_share_on_a_front, kill_left),
         cmocka_unit_test_teardown(test_max_inflight_across_fronts, kill_left),
+        cmocka_unit_test_teardown(test_bind_woken_by_a_front, kill_left),
         cmocka_unit_test_teardown(test_drain_on_every_front, kill_left),
         cmocka_unit_test_teardown(test_curve_on_a_front, kill_left),
         cmocka_unit_test_teardown(test_shm_ref_on_a_front, kill_left),

@@ -319,6 +319,14 @@ td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
     return TD_OK;
 }
 
+bool td_path_wait_for_room(td_path_t *p)
+{
+    /* Stored before the counts are read again, as a port stores its count before it reads this
+     * (td_path_port.c, wake_front_for_room): one of the two sees the other. */
+    atomic_store_explicit(&p->front_waits_room, true, memory_order_seq_cst);
+    return td_path_may_read(p);
+}
+
 bool td_path_may_read(const td_path_t *p)
 {
     if (p->closed) /* a transport still open (the fleet's, giving its partitions up) */

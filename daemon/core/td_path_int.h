@@ -109,6 +109,8 @@ struct td_path {
     _Atomic bool ports_refuse;
     _Atomic unsigned front_inflight;     /* dispatched - replied, stored for the ports (with any) */
     _Atomic unsigned ports_max_inflight; /* cfg->max_inflight, stored as a hold ends (reloads) */
+    _Atomic bool front_waits_room; /* the front's transport holds input at max_inflight: a port's
+                                    * replies wake the loop (td_path_wait_for_room) */
 };
 
 /* A port (td_transport.h; td_path_port.c): the request path's front for a transport's own

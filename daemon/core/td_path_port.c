@@ -32,7 +32,9 @@
  *     ended, since a reload changes it under one, and the front's count as it stored it); the
  *     loop thread adds every port's count (an atomic the port's thread stores) to its own in
  *     td_path_may_read and td_path_inflight, so the front reads less while ports are busy and
- *     the server's stop waits for the ports' requests too. Each thread reads the others'
+ *     the server's stop waits for the ports' requests too; a port's replies that free slots
+ *     wake the loop thread while its transport holds input at the limit (td_path_wait_for_room:
+ *     no reply of its own may come to wake it). Each thread reads the others'
  *     counts as they are: threads submitting at the same moment may pass the limit by one
  *     request each;
  *   - shared-memory references are not resolved here (the front pins regions for ZeroMQ's
@@ -344,6 +346,21 @@ static unsigned hand_over(td_path_port_t *port, td_hop_t *hop,
     return n;
 }
 
+/* Slots freed while the front's transport holds its input at max_inflight (td_path_wait_for_room):
+ * the loop thread woken, which no reply of its own may do. Under the port's mutex, which
+ * td_path_close takes (td_path_ports_shut) before the front's wake-up is closed. */
+static void wake_front_for_room(td_path_port_t *port)
+{
+    td_path_t *p = port->path;
+    atomic_thread_fence(memory_order_seq_cst); /* the count stored, before the flag is read */
+    if (!atomic_load_explicit(&p->front_waits_room, memory_order_relaxed))
+        return;
+    pthread_mutex_lock(&port->mu);
+    if (!port->closed && p->front_open && atomic_exchange(&p->front_waits_room, false))
+        uv_async_send(&p->inbox.async);
+    pthread_mutex_unlock(&port->mu);
+}
+
 unsigned td_path_port_take_replies(td_path_port_t *port, void (*fn)(void *ctx, td_reply_t *reply),
                                    void *ctx)
 {
@@ -353,6 +370,7 @@ unsigned td_path_port_take_replies(td_path_port_t *port, void (*fn)(void *ctx, t
     if (n) {
         port->own_inflight -= n;
         count_inflight(port);
+        wake_front_for_room(port);
     }
     return n;
 }

@@ -214,6 +214,10 @@ void td_path_take_replies(td_path_t *path);
  * messages are still taken, to be answered `shutdown`, until the drain deadline or the path's
  * close: after td_path_close no shard would ever answer them). */
 bool td_path_may_read(const td_path_t *path);
+/* Loop thread: the transport holds input because td_path_may_read said no: a port's replies that
+ * free slots wake the loop from now on (the slots may all be ports', whose replies would not wake
+ * it otherwise). Then td_path_may_read once more: true when slots came free meanwhile. */
+bool td_path_wait_for_room(td_path_t *path);
 /* Loop thread: the transport is done with reply (frees what it left of the body, counts a
  * dropped one, frees the request). */
 void td_reply_end(td_reply_t *reply, td_reply_outcome_t outcome);

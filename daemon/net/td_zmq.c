@@ -221,6 +221,8 @@ void td_zmq_pump(td_zmq_t *z)
     }
     bool input = (events & ZMQ_POLLIN) != 0;
     bool reading = td_path_may_read(path);
+    if (input && !reading && !td_path_stopping(path)) /* held: the ports' replies wake the loop */
+        reading = td_path_wait_for_room(path);
     bool at_limit = !td_path_stopping(path) && !reading;
     if (input && at_limit && !z->paused) {
         z->env.metrics->read_pauses++;
