@@ -524,6 +524,9 @@ static void kill_b_take_from_copies(tally_client_t *c, int r)
                   "checkpoints they would have replayed %llu\n",
                   tail, (unsigned long long)ckpt_tail);
     assert_true(tail >= 0 && (uint64_t)tail <= ckpt_tail);
+    for (uint32_t k = 0; k < PARTITIONS; k++) /* a's fence ended b's cl_since */
+        if (td_fleet_owner(ids, 2, k) == 1)
+            assert_int_equal(manifest_of(k).cl_since_epoch, 0);
     show_takes(0);
 }
 

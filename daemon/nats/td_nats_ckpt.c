@@ -335,6 +335,10 @@ td_err_t td_ckpt_take(td_ckpt_t *c, jsCtx *js, kvStore *kv, uint32_t k, const ch
         goto out;
     td_ckpt_manifest_t fenced_m = m;
     fenced_m.epoch = epoch;
+    /* A take ends a cl_since: its state may hold changes in no record (a dead owner's writes
+     * whose records were never stored), which this owner may answer (`duplicate`) with no record,
+     * so no copy started before it may run on across it (PROTOCOL.md §13 "Standbys"). */
+    fenced_m.cl_since_epoch = fenced_m.cl_since_generation = 0;
     snprintf(fenced_m.member, sizeof fenced_m.member, "%s", member);
     size_t flen = 0;
     uint8_t *fv = fenced_m.chunks ? manifest_value(&fenced_m, NULL, &flen)
