@@ -10,7 +10,10 @@
 # STANDBYS=1 (issue 33's standbys, bench/NOTES.md "Standbys, built"): both members run with
 # `standbys = 1` and b is up before the load (it takes its share from a, and keeps a copy of
 # a's); after a's kill b takes a's partitions from its copies, and the tail after each copy is
-# what it replays. STANDBYS=0 runs the same order without standbys (the baseline).
+# what it replays. STANDBYS=0 runs the same order without standbys (the baseline). With
+# STANDBYS, b's copies' counters are printed right before a's kill: the copies (re)started from a
+# checkpoint, and the new checkpoints they ran on across or restarted from (bench/NOTES.md
+# "Standbys across checkpoints, built").
 set -euo pipefail
 build=${1:?usage: run-nats-take.sh BUILD_DIR [CKPT_MS]}
 ckpt=${2:-1000}
@@ -22,8 +25,10 @@ export NATS_USERS=$here/../contrib/nats/users.conf
 nats_start "$dir" 3
 wurl=${nats_urls//nats:\/\//nats:\/\/worker:change-me-worker@}
 purl=${nats_urls//nats:\/\//nats:\/\/producer-direct:change-me-producer-direct@}
-member() { # member ID: in the background, its log in $dir/ID.log
+metrics=$(free_port)
+member() { # member ID: in the background, its log in $dir/ID.log; b's metrics on $metrics
   "$build/daemon/tallyd" --bind "tcp://127.0.0.1:$(free_port)" --shm off --max-inflight 4096 \
+    ${STANDBYS:+$([ "$1" = b ] && echo --metrics 127.0.0.1:"$metrics")} \
     --nats-servers "$wurl" --nats-replicas 3 --nats-partitions 8 --nats-member-id "$1" \
     --nats-direct replicated --nats-lease-ttl-ms 3000 --nats-checkpoint-interval-ms "$ckpt" \
     ${STANDBYS:+--nats-standbys "$STANDBYS"} >"$dir/$1.log" 2>&1 &
@@ -40,6 +45,9 @@ fi
 "$build/bench/loadgen" --fleet "$purl" --streams 24 --op hist --size 1024 --producers 2 \
   --window 64 --seconds 6 --label take >"$dir/load.log" 2>&1 &
 sleep 3
+if [ -n "${STANDBYS:-}" ]; then
+  curl -s "http://127.0.0.1:$metrics/metrics" | grep -E "^tallyd_nats_standby_(starts|checkpoints)" || true
+fi
 kill -9 "$apid"
 [ -n "${STANDBYS:-}" ] || { member b; bpid=$!; }
 for _ in $(seq 100); do [ "$(grep -c "took partition" "$dir/b.log")" -ge 8 ] && break; sleep 0.2; done

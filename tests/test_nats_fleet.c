@@ -389,6 +389,24 @@ static void test_ckpt_purge_failure_is_not_a_failed_write(void **state)
     free(big);
 }
 
+/* m (3 bytes of state inline) encoded as a manifest of size bytes and version, decoded again;
+ * one byte less of state, or of the manifest, is refused. */
+static td_ckpt_manifest_t encoded_again(const td_ckpt_manifest_t *m, size_t size, unsigned version)
+{
+    uint8_t v[TD_CKPT_MANIFEST_SIZE_SINCE + 3];
+    td_ckpt_manifest_t out;
+    assert_int_equal(td_ckpt_manifest_size(m), size);
+    td_ckpt_manifest_encode(m, v);
+    assert_int_equal(v[4], version);
+    assert_int_equal(td_ckpt_manifest_decode(v, size + 3, &out, msg, sizeof msg), TD_OK);
+    td_ckpt_manifest_t shorter;
+    assert_int_equal(td_ckpt_manifest_decode(v, size + 2, &shorter, msg, sizeof msg),
+                     TD_ERR_CORRUPT); /* inline length differs */
+    assert_int_equal(td_ckpt_manifest_decode(v, size - 1, &shorter, msg, sizeof msg),
+                     TD_ERR_CORRUPT); /* too short for its version */
+    return out;
+}
+
 static void test_manifest_decode_rejects(void **state)
 {
     (void)state;
@@ -410,8 +428,8 @@ static void test_manifest_decode_rejects(void **state)
     v[0] = TD_CKPT_MAGIC[0];
     /* A header of another version, a reserved byte set, one byte short of a header: not one. */
     char not_one[64];
-    snprintf(not_one, sizeof not_one, "not a version-%u or %u checkpoint manifest (%zu bytes)",
-             TD_CKPT_VERSION, TD_CKPT_VERSION_CL, sizeof v);
+    snprintf(not_one, sizeof not_one, "not a version-%u, %u or %u checkpoint manifest (%zu bytes)",
+             TD_CKPT_VERSION, TD_CKPT_VERSION_CL, TD_CKPT_VERSION_SINCE, sizeof v);
     for (int i = 4; i < 8; i++) {
         uint8_t was = v[i];
         v[i] = (uint8_t)(i == 4 ? TD_CKPT_VERSION + 1 : 1);
@@ -445,25 +463,34 @@ static void test_manifest_decode_rejects(void **state)
     m.chunks = 1;
     td_ckpt_manifest_encode(&m, h);
     assert_int_equal(td_ckpt_manifest_decode(h, sizeof h, &out, msg, sizeof msg), TD_ERR_CORRUPT);
-    /* Version 2 (direct = replicated): cl_seq after the 120 bytes, the inline state after it. */
-    uint8_t v2[TD_CKPT_MANIFEST_SIZE_CL + 3];
+    /* Version 2 (direct = replicated): cl_seq after the 120 bytes, the inline state after it;
+     * version 3 (a cl_since): its epoch and generation after cl_seq, the inline state after. */
     m = (td_ckpt_manifest_t){.applied_seq = 9,
                              .epoch = 1,
                              .generation = 2,
                              .state_len = 3,
                              .member = "w1",
                              .cl_seq = 77};
-    assert_int_equal(td_ckpt_manifest_size(&m), TD_CKPT_MANIFEST_SIZE_CL);
-    td_ckpt_manifest_encode(&m, v2);
-    assert_int_equal(v2[4], TD_CKPT_VERSION_CL);
-    assert_int_equal(td_ckpt_manifest_decode(v2, sizeof v2, &out, msg, sizeof msg), TD_OK);
+    out = encoded_again(&m, TD_CKPT_MANIFEST_SIZE_CL, TD_CKPT_VERSION_CL);
     assert_int_equal(out.cl_seq, 77);
     assert_int_equal(out.applied_seq, 9);
-    assert_int_equal(td_ckpt_manifest_decode(v2, sizeof v2 - 1, &out, msg, sizeof msg),
-                     TD_ERR_CORRUPT); /* inline length differs */
-    assert_int_equal(
-        td_ckpt_manifest_decode(v2, TD_CKPT_MANIFEST_SIZE_CL - 1, &out, msg, sizeof msg),
-        TD_ERR_CORRUPT); /* too short for its cl_seq */
+    assert_int_equal(out.cl_since_epoch, 0);
+    m.cl_since_epoch = 5;
+    m.cl_since_generation = 1;
+    out = encoded_again(&m, TD_CKPT_MANIFEST_SIZE_SINCE, TD_CKPT_VERSION_SINCE);
+    assert_int_equal(out.cl_seq, 77);
+    assert_int_equal(out.cl_since_epoch, 5);
+    assert_int_equal(out.cl_since_generation, 1);
+    /* What it covers: a copy started from its base (generation 1, epoch 5) up to itself
+     * (generation 2), under the base's epoch or a later one; not one before its base, one of an
+     * earlier epoch (a manifest deleted and made again), one past it, nor anything without one. */
+    assert_true(td_ckpt_since_covers(&m, 5, 1));
+    assert_true(td_ckpt_since_covers(&m, 9, 2));
+    assert_false(td_ckpt_since_covers(&m, 5, 0));
+    assert_false(td_ckpt_since_covers(&m, 4, 1));
+    assert_false(td_ckpt_since_covers(&m, 5, 3));
+    m.cl_since_epoch = 0;
+    assert_false(td_ckpt_since_covers(&m, 5, 1));
 }
 
 static void publish_n(uint32_t k, int n)

@@ -610,7 +610,8 @@ static void test_take_refused_corrupt_checkpoint(void **state)
     th_daemon_t w;
     start_worker(&w);
     assert_true(th_daemon_wait_log(
-        &w, "partition 0 not taken: not a version-1 or 2 checkpoint manifest (14 bytes)", 30000));
+        &w, "partition 0 not taken: not a version-1, 2 or 3 checkpoint manifest (14 bytes)",
+        30000));
     char holder[80] = "?";
     for (int64_t t0 = th_now_ms(); holder[0] && th_now_ms() - t0 < 10000; th_sleep_ms(50))
         assert_int_equal(td_lease_holder(leases, 0, holder, sizeof holder, msg, sizeof msg),

@@ -18,6 +18,19 @@
  *      (TALLYD_TEST_STANDBY_HOLD), b checkpointing every 200 ms under the writes: b's manifests
  *      move past the copies', and after b's kill -9 a takes each of b's partitions from the
  *      checkpoint (said, counted from="checkpoint", none from="standby") and equals the model.
+ *   3. a copy that runs on across checkpoints (the manifest's cl_since, docs/fleet.md "Standbys
+ *      across checkpoints"): b checkpoints every 200 ms under the writes; once a's copies have
+ *      started from b's first checkpoint, b's later ones carry cl_since and a keeps its copies
+ *      across them (tallyd_nats_standby_checkpoints_total{copy="kept"} up, {copy="restarted"}
+ *      not), answers stale-ok queries equal to the model, and after b's kill -9 takes each of
+ *      b's partitions from its copy ("run on across checkpoints"), replaying nothing, equal to
+ *      the model;
+ *   4. JetStream ingest into one of b's partitions: b's next checkpoint of it claims no
+ *      cl_since, and a's copy starts again from it ({copy="restarted"} up); then, a's copies
+ *      held (TALLYD_TEST_STANDBY_HOLD naming a file), a second ingest message: b's later
+ *      checkpoints of that partition do not cover its copy, and after b's kill -9 a takes it
+ *      from the checkpoint (the others from their copies), every stream equal to the model, the
+ *      ingest stream's two hists too.
  * Waits are bounded loops on what the cluster or the members report; no time is asserted.
  */
 #include <setjmp.h>
@@ -28,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <nats/nats.h>
@@ -242,6 +256,25 @@ static void check_stale_answers(void)
     tally_nats_destroy(&n);
 }
 
+/* After b's kill: a holds every partition, every stream equals the model, and a took each of
+ * b's partitions from its copy (its log says `how` once a take); the changelog messages it
+ * replayed since its replayed_total was `replayed`. */
+static long long took_from_copies(tally_client_t *c, const char *how, long long replayed)
+{
+    tf_wait_held(&test_fleet, ids[0], PARTITIONS, TIMEOUT_MS);
+    wait_metric(0, "tallyd_nats_partitions_taken_total", PARTITIONS);
+    tf_check_model(&test_fleet, c);
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_takes_total{from=\"standby\"}"),
+                     tf_planned(&test_fleet, 1));
+    assert_int_equal(log_lines(0, how), tf_planned(&test_fleet, 1));
+    /* each take's own line says it loaded the copy (written as the take is counted: waited for) */
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (log_lines(0, "(its standby copy: ") < tf_planned(&test_fleet, 1) && th_now_ms() < until)
+        th_sleep_ms(50);
+    assert_int_equal(log_lines(0, "(its standby copy: "), tf_planned(&test_fleet, 1));
+    return th_metric(&member[0], "tallyd_nats_changelog_replayed_total") - replayed;
+}
+
 /* ---- 1. catch-up, and a take from the copy ----------------------------------------------- */
 
 static void test_catch_up_and_take(void **state)
@@ -261,19 +294,8 @@ static void test_catch_up_and_take(void **state)
     check_stale_answers();
     long long replayed = th_metric(&member[0], "tallyd_nats_changelog_replayed_total");
     write_rounds(c, ROUNDS / 2, ROUNDS, ROUNDS / 2 + 1); /* b killed with writes in flight */
-    tf_wait_held(&test_fleet, ids[0], PARTITIONS, TIMEOUT_MS);
-    wait_metric(0, "tallyd_nats_partitions_taken_total", PARTITIONS);
-    tf_check_model(&test_fleet, c);
-    assert_int_equal(th_metric(&member[0], "tallyd_nats_takes_total{from=\"standby\"}"),
-                     tf_planned(&test_fleet, 1));
-    assert_int_equal(log_lines(0, "taken from its standby copy"), tf_planned(&test_fleet, 1));
-    /* each take's own line says it loaded the copy (written as the take is counted: waited for) */
-    int64_t until = th_now_ms() + TIMEOUT_MS;
-    while (log_lines(0, "(its standby copy: ") < tf_planned(&test_fleet, 1) && th_now_ms() < until)
-        th_sleep_ms(50);
-    assert_int_equal(log_lines(0, "(its standby copy: "), tf_planned(&test_fleet, 1));
     /* only the tail after each copy: fewer than b wrote in all */
-    long long tail = th_metric(&member[0], "tallyd_nats_changelog_replayed_total") - replayed;
+    long long tail = took_from_copies(c, "taken from its standby copy", replayed);
     print_message("b's changelog: %llu messages before the last rounds; a replayed %lld at its "
                   "takes from the copies\n",
                   (unsigned long long)written, tail);
@@ -315,6 +337,185 @@ static void test_copy_refused(void **state)
     tally_client_destroy(&c);
 }
 
+/* ---- 3. a copy runs on across checkpoints (the manifest's cl_since) --------------------- */
+
+static long long copies(int i, const char *what)
+{
+    char name[96];
+    snprintf(name, sizeof name, "tallyd_nats_standby_checkpoints_total{copy=\"%s\"}", what);
+    return th_metric(&member[i], name);
+}
+
+/* Writes rounds (from round r on; b checkpoints only while writes come) until each of b's
+ * partitions has checkpointed `more` times past now; the next round. */
+static int write_until_checkpoints(tally_client_t *c, int r, uint64_t more)
+{
+    uint64_t want[PARTITIONS] = {0};
+    for (uint32_t k = 0; k < PARTITIONS; k++)
+        want[k] = td_fleet_owner(ids, 2, k) == 1 ? tf_manifest(k).generation + more : 0;
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    for (uint32_t k = 0; k < PARTITIONS; k++)
+        while (tf_manifest(k).generation < want[k]) {
+            if (th_now_ms() > until) {
+                tf_dump_logs(&test_fleet);
+                fail_msg("b's partition %u at generation %llu, not %llu", (unsigned)k,
+                         (unsigned long long)tf_manifest(k).generation,
+                         (unsigned long long)want[k]);
+            }
+            write_rounds(c, r, r + 1, -1);
+            r++;
+            th_sleep_ms(40);
+        }
+    for (uint32_t k = 0; k < PARTITIONS; k++)
+        if (want[k])
+            wait_caught_up(0, k);
+    return r;
+}
+
+/* a's copy of each of b's partitions has started from one of b's own checkpoints (b's first one
+ * claims no cl_since, so a copy started from b's take's fence starts again at it): from then on
+ * b's checkpoints cover every copy (their cl_since is b's first one). */
+static void wait_copies_from_b_checkpoints(void)
+{
+    for (uint32_t k = 0; k < PARTITIONS; k++) {
+        int64_t until = th_now_ms() + TIMEOUT_MS;
+        while (td_fleet_owner(ids, 2, k) == 1 &&
+               th_sh("grep -q \"partition %u's standby copy starts from its checkpoint (epoch "
+                     "[0-9]*, generation [1-9]\" %s",
+                     (unsigned)k, member[0].log_path) != 0) {
+            if (th_now_ms() > until) {
+                tf_dump_logs(&test_fleet);
+                fail_msg("a's copy of partition %u never started from b's checkpoints",
+                         (unsigned)k);
+            }
+            th_sleep_ms(50);
+        }
+    }
+}
+
+/* b killed right after a round (none of its writes in flight, its last records maybe not in a
+ * checkpoint yet): a takes each of b's partitions from its copy, run on across b's
+ * checkpoints, and replays at most what the takes from b's last checkpoints would have (the
+ * records the copy had not received yet); the writes after the kill go to a. */
+static void kill_b_take_from_copies(tally_client_t *c, int r)
+{
+    write_rounds(c, r, r + 1, -1);
+    r++;
+    uint64_t ckpt_tail = 0; /* what the takes from b's last checkpoints would replay */
+    for (uint32_t k = 0; k < PARTITIONS; k++)
+        if (td_fleet_owner(ids, 2, k) == 1)
+            ckpt_tail += tf_changelog_last(tn_suite_js, k) - tf_manifest(k).cl_seq;
+    long long replayed = th_metric(&member[0], "tallyd_nats_changelog_replayed_total");
+    th_daemon_kill(&member[1]);
+    write_rounds(c, r, r + 2, -1);
+    long long tail = took_from_copies(c, "run on across checkpoints", replayed);
+    print_message("a's takes from its copies replayed %lld changelog messages; from b's last "
+                  "checkpoints they would have replayed %llu\n",
+                  tail, (unsigned long long)ckpt_tail);
+    assert_true(tail >= 0 && (uint64_t)tail <= ckpt_tail);
+    for (uint32_t k = 0; k < PARTITIONS; k++) /* a's fence ended b's cl_since */
+        if (td_fleet_owner(ids, 2, k) == 1)
+            assert_int_equal(tf_manifest(k).cl_since_epoch, 0);
+    show_takes(0);
+}
+
+static void test_runs_on_across_checkpoints(void **state)
+{
+    (void)state;
+    start_pair("200"); /* b checkpoints every 200 ms under the writes */
+    tally_client_t *c = tf_fleet_client(tn_suite.urls, TIMEOUT_MS);
+    /* b's first checkpoint of each partition claims nothing (what its take loaded is no base):
+     * a's copies start again from it; each later one says its changes are in the changelog */
+    int r = write_until_checkpoints(c, 0, 2);
+    wait_copies_from_b_checkpoints();
+    long long kept = copies(0, "kept"), restarted = copies(0, "restarted");
+    r = write_until_checkpoints(c, r, 3);
+    wait_metric(0, "tallyd_nats_standby_checkpoints_total{copy=\"kept\"}",
+                kept + tf_planned(&test_fleet, 1));
+    assert_int_equal(copies(0, "restarted"), restarted);
+    for (uint32_t k = 0; k < PARTITIONS; k++)
+        if (td_fleet_owner(ids, 2, k) == 1)
+            assert_int_not_equal(tf_manifest(k).cl_since_epoch, 0);
+    print_message("a's copies: %lld new checkpoints run on across, %lld restarted from\n",
+                  copies(0, "kept") - kept, copies(0, "restarted") - restarted);
+    check_stale_answers();
+    kill_b_take_from_copies(c, r);
+    tally_client_destroy(&c);
+}
+
+/* ---- 4. JetStream ingest into a partition: its copy starts again ---------------------------- */
+
+/* One hist (numbered seq) over JetStream ingest to stream `name`, applied; its effect added to
+ * into[]. */
+static void ingest_hist(const char *name, uint64_t seq, uint64_t *into)
+{
+    tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = TIMEOUT_MS};
+    tally_client_t *n = NULL;
+    if (tally_client_new_nats(&o, &n, msg, sizeof msg) != TALLY_OK)
+        fail_msg("tally_client_new_nats: %s", msg);
+    uint8_t data[333];
+    for (size_t j = 0; j < sizeof data; j++)
+        data[j] = (uint8_t)(j * 37 + seq * 11);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    req.seq = seq;
+    assert_int_equal(tally_send(n, &req, data, sizeof data, NULL), TALLY_OK);
+    tf_recv_applied(n);
+    tally_client_destroy(&n);
+    tr_hist_parts(TALLY_DTYPE_U8, data, sizeof data, 0, 0, into, NULL, NULL);
+}
+
+static void test_ingest_restarts_copy(void **state)
+{
+    (void)state;
+    char gate[64]; /* a's copies are held (TALLYD_TEST_STANDBY_HOLD) once this file exists */
+    snprintf(gate, sizeof gate, "/tmp/tally-standby-hold-%d", (int)getpid());
+    unlink(gate);
+    setenv("TALLYD_TEST_STANDBY_HOLD", gate, 1);
+    start_pair("200");
+    unsetenv("TALLYD_TEST_STANDBY_HOLD");
+    tally_client_t *c = tf_fleet_client(tn_suite.urls, TIMEOUT_MS);
+    int r = write_until_checkpoints(c, 0, 2);
+    wait_copies_from_b_checkpoints();
+    long long restarted = copies(0, "restarted");
+    /* a stream of one of b's partitions fed by JetStream ingest only */
+    char name[32];
+    for (int i = 0;; i++) {
+        snprintf(name, sizeof name, "sb-ingest/%d", i);
+        if (td_fleet_owner(ids, 2, tally_partition(name, strlen(name), PARTITIONS)) == 1)
+            break;
+    }
+    static uint64_t ingest_model[256];
+    memset(ingest_model, 0, sizeof ingest_model);
+    ingest_hist(name, 1, ingest_model);
+    /* b's next checkpoint of that partition claims no cl_since: a's copy starts again from it */
+    r = write_until_checkpoints(c, r, 2);
+    wait_metric(0, "tallyd_nats_standby_checkpoints_total{copy=\"restarted\"}", restarted + 1);
+    /* a's copies held from now on; a second ingest: b's checkpoints after it no longer cover
+     * that partition's copy, which the take must refuse (the others' still cover theirs) */
+    FILE *fp = fopen(gate, "w");
+    assert_non_null(fp);
+    fclose(fp);
+    ingest_hist(name, 2, ingest_model);
+    r = write_until_checkpoints(c, r, 2);
+    th_daemon_kill(&member[1]);
+    write_rounds(c, r, r + 2, -1);
+    tf_wait_held(&test_fleet, ids[0], PARTITIONS, TIMEOUT_MS);
+    wait_metric(0, "tallyd_nats_partitions_taken_total", PARTITIONS);
+    unlink(gate);
+    tf_check_model(&test_fleet, c);
+    char why[160];
+    if (th_stream_differs(c, name, 2, ingest_model, why, sizeof why)) {
+        tf_dump_logs(&test_fleet);
+        fail_msg("%s", why);
+    }
+    assert_int_equal(log_lines(0, "nor one its cl_since covers"), 1);
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_takes_total{from=\"standby\"}"),
+                     tf_planned(&test_fleet, 1) - 1);
+    show_takes(0);
+    tally_client_destroy(&c);
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -322,6 +523,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_catch_up_and_take, stop_members),
         cmocka_unit_test_teardown(test_copy_refused, stop_members),
+        cmocka_unit_test_teardown(test_runs_on_across_checkpoints, stop_members),
+        cmocka_unit_test_teardown(test_ingest_restarts_copy, stop_members),
     };
     const char *only = getenv("TALLY_TEST_FILTER"); /* one test by name (a mutation check) */
     if (only)

@@ -213,6 +213,13 @@ static void render_standbys(text_t *t, const td_fleet_status_t *st)
     counter(t, "tallyd_nats_standby_starts_total",
             "Standby copies (re)started from a partition's checkpoint: one per checkpoint seen.",
             LOAD(st->standby_starts));
+    put(t,
+        "# HELP tallyd_nats_standby_checkpoints_total New checkpoints a standby copy here saw: "
+        "the copy kept (the manifest's cl_since covers it: it runs on, no reload) or restarted "
+        "from the new checkpoint.\n# TYPE tallyd_nats_standby_checkpoints_total counter\n"
+        "tallyd_nats_standby_checkpoints_total{copy=\"kept\"} %" PRIu64
+        "\ntallyd_nats_standby_checkpoints_total{copy=\"restarted\"} %" PRIu64 "\n",
+        LOAD(st->standby_kept), LOAD(st->standby_restarts));
     gauge(t, "tallyd_nats_standby_bytes",
           "Bytes of stream state in this member's standby copies (under max_state_bytes, apart "
           "from its own streams').",

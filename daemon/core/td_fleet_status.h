@@ -116,9 +116,11 @@ typedef struct td_fleet_status {
     _Atomic uint64_t changelog_commits, changelog_replayed, not_durable, changelog_lost;
     /* Standbys (td_fleet_standby.c): take-overs from a standby's copy and from the checkpoint;
      * changelog messages applied to copies; copies (re)started from a checkpoint; the bytes
-     * the copies hold now. */
+     * the copies hold now; new checkpoints a copy saw, the copy kept (their cl_since covers it)
+     * or restarted from it. */
     _Atomic uint64_t takes_from_standby, takes_from_checkpoint;
     _Atomic uint64_t standby_applied, standby_starts, standby_bytes;
+    _Atomic uint64_t standby_kept, standby_restarts;
     _Atomic uint64_t changelog_purges;
     /* direct = replicated: the stages' histograms (td_latency_bounds_us, then +Inf) and their
      * sums in ns; batches found ready with all of their partition's messages in flight, and the

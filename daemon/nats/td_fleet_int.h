@@ -172,6 +172,7 @@ typedef struct {
     uint64_t applied_seq; /* the watermark: every message up to it is applied (or judged) */
     uint64_t high_seq;    /* the last message taken into the window */
     uint64_t ckpt_seq;    /* applied_seq of the last checkpoint */
+    uint64_t since_applied; /* applied_seq at the cl_since base (ckpt.since_*), if any */
     int64_t last_ckpt_ms;
     /* The window: a ring of f->inflight entries from absolute position win_first; win_bytes:
      * their payloads (at most f->inflight_bytes, or one message). */
@@ -451,6 +452,12 @@ void td_standby_plan(td_fleet_t *f, const bool *next, const bool *mine);
 bool td_standby_step(td_fleet_t *f);
 /* The largest answer from a copy: a reply header and a stream's record. */
 #define TD_STANDBY_ANSWER_MAX (TALLY_REP_HEADER_SIZE + TALLY_QUERY_PAYLOAD_MAX)
+/* The cl_since partition p's next checkpoint claims (p->ckpt.since_*, cleared when none): its
+ * base, while no JetStream ingest was applied since (td_fleet_standby.c says why). */
+bool td_standby_claim(td_part_t *p);
+/* After a committed checkpoint that claimed no cl_since: it is the base of the next ones (a
+ * `replicated` owner with standbys; nothing otherwise). */
+void td_standby_base(td_fleet_t *f, td_part_t *p);
 /* A `query` (no window) of a stream of partition k answered from this member's standby copy
  * into frame (TD_STANDBY_ANSWER_MAX bytes), with the last changelog sequence the copy applied
  * in *cl_seq: the frame's length, or 0 when there is no copy here (or k is this member's). */

@@ -464,6 +464,7 @@ static bool write_checkpoint(td_fleet_t *f, td_part_t *p)
      * the manifest's. */
     if (cl_seq > p->ckpt.cl_seq)
         p->ckpt.cl_seq = cl_seq;
+    bool claim = td_standby_claim(p); /* cl_since, with standbys */
     uint8_t *state = NULL;
     size_t len = 0;
     bool fenced = false;
@@ -486,6 +487,8 @@ static bool write_checkpoint(td_fleet_t *f, td_part_t *p)
     if (msg[0]) /* committed, the predecessor's chunks left behind */
         td_warn("fleet: checkpoint of partition %u: %s", (unsigned)p->k, msg);
     p->ckpt_seq = p->applied_seq;
+    if (!claim)
+        td_standby_base(f, p);
     td_fleet_route_committed(f, p->k, direct);
     TD_FLEET_COUNT(f, checkpoints);
     ack_checkpointed(f, p);

@@ -8,12 +8,15 @@
  * A copy is a checkpoint plus the changelog records after its cl_seq, applied in order with the
  * replay's own code (td_changelog_apply: its epoch rule too). It is what a take would load only
  * while every change since that checkpoint is in the changelog, which JetStream ingest and a
- * `local` owner break without the manifest showing it (bench/NOTES.md, "Standbys: what one
- * would buy"). So the rule: a take uses the copy only when the manifest it fences is the very
- * checkpoint the copy started from (same epoch and generation), and the copy starts again from
- * every new checkpoint it sees (the manifest key's revision, read when a write of the key comes
- * on $KV.TALLY_CKPT.<key>, and every TD_STANDBY_CHECK_MS besides: under load one decode of the
- * partition's state a checkpoint interval). Anything else (a record that does
+ * `local` owner break (bench/NOTES.md, "Standbys: what one would buy"). A manifest says so when
+ * its cl_since covers the checkpoint the copy started from (td_ckpt_since_covers: its owner
+ * claims it only while that holds, td_fleet_part.c's since_from_here). So the rule: at every new
+ * checkpoint it sees (the manifest key's revision, read when a write of the key comes on
+ * $KV.TALLY_CKPT.<key>, and every TD_STANDBY_CHECK_MS besides) the copy runs on when the new
+ * manifest's cl_since covers its start, and starts again from it otherwise (one decode of the
+ * partition's state); a take uses the copy when the manifest it fences is the very checkpoint
+ * the copy started from (same epoch and generation), or covers its start and the copy has
+ * applied the changelog to that checkpoint's cl_seq at least. Anything else (a record that does
  * not apply, a gap in the sequences, a subscription that failed) drops the copy until the next
  * check starts it again; a take meanwhile loads as without standbys.
  *
@@ -45,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tally_nats_conn.h"
 #include "td_fleet_changelog.h"
@@ -201,14 +205,29 @@ static td_err_t subscribe(td_fleet_t *f, uint32_t k, uint64_t from, natsSubscrip
     return TD_ERR_LIBRARY;
 }
 
-/* Test only (TALLYD_TEST_STANDBY_HOLD): a copy, once started, never starts again from a newer
- * checkpoint, so that a take meets a checkpoint its copy did not start from. */
+/* Test only (TALLYD_TEST_STANDBY_HOLD; when it names a file, /..., once that file exists): a
+ * copy, once started, neither starts again from a newer checkpoint nor runs on across one, so
+ * that a take meets a checkpoint its copy did not start from. */
 static bool held_for_test(const td_standby_t *s)
 {
-    return s->table && getenv("TALLYD_TEST_STANDBY_HOLD");
+    const char *hold = s->table ? getenv("TALLYD_TEST_STANDBY_HOLD") : NULL;
+    return hold && (hold[0] != '/' || access(hold, F_OK) == 0);
 }
 
-/* Starts partition k's copy (again) from its current checkpoint when the manifest moved. */
+/* True when the manifest in e (*m) says every change since the checkpoint s started from is in
+ * the changelog (its cl_since covers it): the copy is that checkpoint plus the changelog, as the
+ * new one plus the changelog after it would be, so it runs on. */
+static bool covered(kvEntry *e, const td_standby_t *s, td_ckpt_manifest_t *m)
+{
+    char why[160];
+    const void *v = kvEntry_Value(e);
+    int len = kvEntry_ValueLen(e);
+    return v && len > 0 && td_ckpt_manifest_decode(v, (size_t)len, m, why, sizeof why) == TD_OK &&
+           td_ckpt_since_covers(m, s->epoch, s->generation);
+}
+
+/* Starts partition k's copy (again) from its current checkpoint when the manifest moved and does
+ * not cover it. */
 static void check(td_fleet_t *f, uint32_t k)
 {
     td_standby_t *s = &f->standbys[k];
@@ -217,12 +236,24 @@ static void check(td_fleet_t *f, uint32_t k)
     kvEntry *e = NULL;
     natsStatus st = kvStore_Get(&e, f->ckpts, key);
     uint64_t revision = st == NATS_OK ? kvEntry_Revision(e) : 0;
-    kvEntry_Destroy(e);
-    if ((st != NATS_OK && st != NATS_NOT_FOUND) || (s->table && revision == s->revision) ||
-        held_for_test(s))
-        return;
-    stop_copy(f, k);
     td_ckpt_manifest_t m = {0};
+    bool moved = s->table && revision != s->revision;
+    bool runs_on = st == NATS_OK && moved && !held_for_test(s) && covered(e, s, &m);
+    kvEntry_Destroy(e);
+    if ((st != NATS_OK && st != NATS_NOT_FOUND) || (s->table && !moved) || held_for_test(s))
+        return;
+    if (runs_on) {
+        s->revision = revision;
+        TD_FLEET_COUNT(f, standby_kept);
+        td_debug("fleet: partition %u's standby copy runs on across checkpoint generation %" PRIu64
+                 " (its changes since generation %" PRIu64 " are in the changelog)",
+                 (unsigned)k, m.generation, m.cl_since_generation);
+        return;
+    }
+    if (s->table)
+        TD_FLEET_COUNT(f, standby_restarts);
+    stop_copy(f, k);
+    memset(&m, 0, sizeof m);
     uint8_t *state = NULL;
     size_t len = 0;
     td_err_t err = revision ? td_ckpt_read(f->js, k, &m, &state, &len, msg, sizeof msg) : TD_OK;
@@ -378,6 +409,38 @@ bool td_standby_step(td_fleet_t *f)
     return did;
 }
 
+/* ---- The owner's side: cl_since ------------------------------------------------------------
+ *
+ * A `replicated` owner with standbys claims cl_since in its checkpoints (PROTOCOL.md §13
+ * "Standbys"): every change of its partition's state since a base checkpoint is in the
+ * changelog, so a copy started from that base or later runs on across them. The base is this
+ * owner's own checkpoint, never the one its take loaded (that state may hold changes no record
+ * has: writes of a dead owner whose records were never stored, JetStream ingest the take applies
+ * again, records lost to the changelog's max age); and the last one after which it applied
+ * JetStream ingest (in no record): a checkpoint with ingest applied since its base claims nothing
+ * and becomes the base. Every other change is a direct write, reset or delete, each a record
+ * before it is answered; a `local` or `off` owner writes none, has no f->standbys, and claims
+ * nothing. td_ckpt_take clears p->ckpt's base at each take. */
+
+bool td_standby_claim(td_part_t *p)
+{
+    bool claim = p->ckpt.since_epoch && p->applied_seq == p->since_applied;
+    if (!claim)
+        p->ckpt.since_epoch = p->ckpt.since_generation = 0;
+    return claim;
+}
+
+void td_standby_base(td_fleet_t *f, td_part_t *p)
+{
+    if (!f->standbys)
+        return;
+    p->ckpt.since_epoch = p->ckpt.cur.epoch;
+    p->ckpt.since_generation = p->ckpt.cur.generation;
+    p->since_applied = p->applied_seq;
+}
+
+/* ---- Stale answers ------------------------------------------------------------------------- */
+
 typedef struct {
     td_streams_t *table;
     const tally_req_t *req;
@@ -446,13 +509,46 @@ static td_err_t adopt(td_fleet_t *f, td_part_t *p, size_t *len, char *msg, size_
     return err;
 }
 
+/* The copy of partition k a take fencing cur may use: the copy started from cur itself, or cur's
+ * cl_since covers the checkpoint it started from and it has applied the changelog at least to
+ * cur's cl_seq (what the take replays after it is the changelog after the copy's last record;
+ * a copy behind the checkpoint could need records a purge removed). *why: when none, why not. */
+static bool usable_copy(td_fleet_t *f, uint32_t k, const td_ckpt_manifest_t *cur, bool *ran_on,
+                        char *why, size_t cap)
+{
+    td_standby_t *s = &f->standbys[k];
+    *ran_on = false;
+    snprintf(why, cap, "no copy here");
+    if (!s->table)
+        return false;
+    if (s->epoch == cur->epoch && s->generation == cur->generation)
+        return true;
+    if (!td_ckpt_since_covers(cur, s->epoch, s->generation)) {
+        snprintf(why, cap,
+                 "its copy started from epoch %" PRIu64 " generation %" PRIu64
+                 ", not the checkpoint fenced nor one its cl_since covers",
+                 s->epoch, s->generation);
+        return false;
+    }
+    while (follow(f, k)) /* what has come */
+        ;
+    if (s->table && s->cl_seq >= cur->cl_seq)
+        return *ran_on = true;
+    snprintf(why, cap,
+             "its copy applied the changelog to %" PRIu64 ", before the checkpoint's %" PRIu64,
+             s->cl_seq, cur->cl_seq);
+    return false;
+}
+
 td_err_t td_standby_load(td_fleet_t *f, td_part_t *p, uint8_t *state, size_t len, char *msg,
                          size_t cap)
 {
     td_standby_t *s = standby_of(f, p->k);
     const td_ckpt_manifest_t *cur = &p->ckpt.cur;
-    uint64_t from = cur->cl_seq, max_epoch = 0;
-    bool usable = s && s->table && s->epoch == cur->epoch && s->generation == cur->generation;
+    uint64_t from = cur->cl_seq, max_epoch = 0, started = s ? s->generation : 0;
+    char why[192];
+    bool ran_on = false;
+    bool usable = s && usable_copy(f, p->k, cur, &ran_on, why, sizeof why);
     td_err_t err = TD_ERR_CORRUPT;
     size_t copy_len = 0;
     if (usable && (err = adopt(f, p, &copy_len, msg, cap)) == TD_OK) {
@@ -462,19 +558,20 @@ td_err_t td_standby_load(td_fleet_t *f, td_part_t *p, uint8_t *state, size_t len
         snprintf(p->take_loaded, sizeof p->take_loaded,
                  "its standby copy: %zu bytes of state, changelog applied to %" PRIu64, copy_len,
                  from);
-        td_notice("fleet: partition %u: taken from its standby copy (checkpoint epoch %" PRIu64
-                  " generation %" PRIu64 ", changelog applied to %" PRIu64
-                  "): only the tail after it is replayed",
-                  (unsigned)p->k, cur->epoch, cur->generation, from);
+        if (ran_on)
+            td_notice("fleet: partition %u: taken from its standby copy (started from generation "
+                      "%" PRIu64 ", run on across checkpoints to generation %" PRIu64
+                      " (its cl_since %" PRIu64 "), changelog applied to %" PRIu64
+                      "): only the tail after it is replayed",
+                      (unsigned)p->k, started, cur->generation, cur->cl_since_generation, from);
+        else
+            td_notice("fleet: partition %u: taken from its standby copy (checkpoint epoch %" PRIu64
+                      " generation %" PRIu64 ", changelog applied to %" PRIu64
+                      "): only the tail after it is replayed",
+                      (unsigned)p->k, cur->epoch, cur->generation, from);
     } else if (s) {
-        char why[160] = "no copy here";
         if (usable)
             snprintf(why, sizeof why, "its copy could not be loaded: %.100s", msg);
-        else if (s && s->table)
-            snprintf(why, sizeof why,
-                     "its copy started from epoch %" PRIu64 " generation %" PRIu64
-                     ", not the checkpoint fenced",
-                     s->epoch, s->generation);
         td_notice("fleet: partition %u: taken from its checkpoint (epoch %" PRIu64
                   " generation %" PRIu64 "; %s)",
                   (unsigned)p->k, cur->epoch, cur->generation, why);

@@ -16,7 +16,7 @@
 #include "td_nats_ckpt.h"
 #include "td_nats_js.h"
 
-#define INLINE_MAX (TD_CKPT_CHUNK_BYTES - TD_CKPT_MANIFEST_SIZE_CL)
+#define INLINE_MAX (TD_CKPT_CHUNK_BYTES - TD_CKPT_MANIFEST_SIZE_SINCE)
 
 static uint32_t crc_of(const uint8_t *buf, size_t len)
 {
@@ -32,16 +32,30 @@ static uint32_t crc_of(const uint8_t *buf, size_t len)
 
 size_t td_ckpt_manifest_size(const td_ckpt_manifest_t *m)
 {
-    return m->cl_seq ? TD_CKPT_MANIFEST_SIZE_CL : TD_CKPT_MANIFEST_SIZE;
+    return m->cl_since_epoch ? TD_CKPT_MANIFEST_SIZE_SINCE
+           : m->cl_seq       ? TD_CKPT_MANIFEST_SIZE_CL
+                             : TD_CKPT_MANIFEST_SIZE;
+}
+
+bool td_ckpt_since_covers(const td_ckpt_manifest_t *m, uint64_t epoch, uint64_t generation)
+{
+    return m->cl_since_epoch && m->cl_since_epoch <= epoch &&
+           m->cl_since_generation <= generation && generation <= m->generation;
 }
 
 void td_ckpt_manifest_encode(const td_ckpt_manifest_t *m, uint8_t *out)
 {
     memset(out, 0, td_ckpt_manifest_size(m));
     memcpy(out, TD_CKPT_MAGIC, 4);
-    out[4] = m->cl_seq ? TD_CKPT_VERSION_CL : TD_CKPT_VERSION;
-    if (m->cl_seq)
+    out[4] = m->cl_since_epoch ? TD_CKPT_VERSION_SINCE
+             : m->cl_seq       ? TD_CKPT_VERSION_CL
+                               : TD_CKPT_VERSION;
+    if (m->cl_seq || m->cl_since_epoch)
         tally_put_u64(out + TD_CKPT_MANIFEST_SIZE, m->cl_seq);
+    if (m->cl_since_epoch) {
+        tally_put_u64(out + TD_CKPT_MANIFEST_SIZE_CL, m->cl_since_epoch);
+        tally_put_u64(out + TD_CKPT_MANIFEST_SIZE_CL + 8, m->cl_since_generation);
+    }
     tally_put_u64(out + 8, m->applied_seq);
     tally_put_u64(out + 16, m->epoch);
     tally_put_u64(out + 24, m->generation);
@@ -56,15 +70,20 @@ td_err_t td_ckpt_manifest_decode(const uint8_t *buf, size_t len, td_ckpt_manifes
                                  size_t cap)
 {
     memset(m, 0, sizeof *m);
-    bool cl = len >= TD_CKPT_MANIFEST_SIZE_CL && buf[4] == TD_CKPT_VERSION_CL;
+    bool since = len >= TD_CKPT_MANIFEST_SIZE_SINCE && buf[4] == TD_CKPT_VERSION_SINCE;
+    bool cl = since || (len >= TD_CKPT_MANIFEST_SIZE_CL && buf[4] == TD_CKPT_VERSION_CL);
     if (len < TD_CKPT_MANIFEST_SIZE || memcmp(buf, TD_CKPT_MAGIC, 4) != 0 ||
         (buf[4] != TD_CKPT_VERSION && !cl) || buf[5] || buf[6] || buf[7]) {
-        snprintf(msg, cap, "not a version-%u or %u checkpoint manifest (%zu bytes)",
-                 TD_CKPT_VERSION, TD_CKPT_VERSION_CL, len);
+        snprintf(msg, cap, "not a version-%u, %u or %u checkpoint manifest (%zu bytes)",
+                 TD_CKPT_VERSION, TD_CKPT_VERSION_CL, TD_CKPT_VERSION_SINCE, len);
         return TD_ERR_CORRUPT;
     }
     if (cl)
         m->cl_seq = tally_get_u64(buf + TD_CKPT_MANIFEST_SIZE);
+    if (since) {
+        m->cl_since_epoch = tally_get_u64(buf + TD_CKPT_MANIFEST_SIZE_CL);
+        m->cl_since_generation = tally_get_u64(buf + TD_CKPT_MANIFEST_SIZE_CL + 8);
+    }
     m->applied_seq = tally_get_u64(buf + 8);
     m->epoch = tally_get_u64(buf + 16);
     m->generation = tally_get_u64(buf + 24);
@@ -127,7 +146,7 @@ static void manifest_key(char *key, size_t cap, uint32_t k)
 static uint8_t *manifest_value(const td_ckpt_manifest_t *m, const uint8_t *state, size_t *len)
 {
     size_t extra = m->chunks == 0 ? (size_t)m->state_len : 0, size = td_ckpt_manifest_size(m);
-    uint8_t *v = malloc(TD_CKPT_MANIFEST_SIZE_CL + extra + 1);
+    uint8_t *v = malloc(TD_CKPT_MANIFEST_SIZE_SINCE + extra + 1);
     if (!v)
         return NULL;
     td_ckpt_manifest_encode(m, v);
@@ -316,6 +335,10 @@ td_err_t td_ckpt_take(td_ckpt_t *c, jsCtx *js, kvStore *kv, uint32_t k, const ch
         goto out;
     td_ckpt_manifest_t fenced_m = m;
     fenced_m.epoch = epoch;
+    /* A take ends a cl_since: its state may hold changes in no record (a dead owner's writes
+     * whose records were never stored), which this owner may answer (`duplicate`) with no record,
+     * so no copy started before it may run on across it (PROTOCOL.md §13 "Standbys"). */
+    fenced_m.cl_since_epoch = fenced_m.cl_since_generation = 0;
     snprintf(fenced_m.member, sizeof fenced_m.member, "%s", member);
     size_t flen = 0;
     uint8_t *fv = fenced_m.chunks ? manifest_value(&fenced_m, NULL, &flen)
@@ -395,7 +418,9 @@ td_err_t td_ckpt_write(td_ckpt_t *c, uint64_t applied_seq, const uint8_t *state,
                       : (uint32_t)((len + TD_CKPT_CHUNK_BYTES - 1) / TD_CKPT_CHUNK_BYTES),
         .crc = crc_of(state, len),
         .chunk_epoch = c->epoch,
-        .cl_seq = c->cl_seq};
+        .cl_seq = c->cl_seq,
+        .cl_since_epoch = c->since_epoch,
+        .cl_since_generation = c->since_generation};
     snprintf(m.member, sizeof m.member, "%s", c->member);
     td_err_t err = put_chunks(c, &m, state, msg, cap);
     if (err != TD_OK)

@@ -31,6 +31,10 @@
 /* Version 2 (written when cl_seq is not 0: direct = replicated) adds cl_seq at 120..127. */
 #define TD_CKPT_VERSION_CL 2u
 #define TD_CKPT_MANIFEST_SIZE_CL 128u
+/* Version 3 (written with a cl_since: a `replicated` owner with standbys, PROTOCOL.md §13
+ * "Standbys") adds cl_since_epoch at 128..135 and cl_since_generation at 136..143. */
+#define TD_CKPT_VERSION_SINCE 3u
+#define TD_CKPT_MANIFEST_SIZE_SINCE 144u
 #define TD_CKPT_MEMBER_OFF 56u
 /* A state up to this size is stored after the manifest in the same value; larger ones in chunks
  * of this size (well under a message's 8 MiB with max_payload 8MB, or 1 MiB by default less
@@ -47,10 +51,20 @@ typedef struct {
     uint64_t chunk_epoch; /* the epoch in the chunks' keys: that of the owner that wrote them */
     char member[TALLY_NATS_MEMBER_ID_MAX + 1];
     uint64_t cl_seq; /* the partition's changelog (TALLY_CL<k>) is in the state up to it */
+    /* cl_since: every change of the partition's state since the checkpoint of this epoch and
+     * generation (its base) is in the changelog after that checkpoint's cl_seq, so that base plus
+     * the changelog is this state (docs/fleet.md "Standbys across checkpoints"). Epoch 0: no
+     * such claim (versions 1 and 2 make none). */
+    uint64_t cl_since_epoch, cl_since_generation;
 } td_ckpt_manifest_t;
 
-/* The manifest's size: TD_CKPT_MANIFEST_SIZE, or TD_CKPT_MANIFEST_SIZE_CL with a cl_seq
- * (what td_ckpt_manifest_encode writes to out). */
+/* True when m's cl_since covers a copy started from the checkpoint of epoch and generation: the
+ * copy's base is m's base or a later checkpoint of the same line (a manifest deleted by hand
+ * starts its generations again, under a later epoch), up to m itself. */
+bool td_ckpt_since_covers(const td_ckpt_manifest_t *m, uint64_t epoch, uint64_t generation);
+
+/* The manifest's size: TD_CKPT_MANIFEST_SIZE, TD_CKPT_MANIFEST_SIZE_CL with a cl_seq, or
+ * TD_CKPT_MANIFEST_SIZE_SINCE with a cl_since (what td_ckpt_manifest_encode writes to out). */
 size_t td_ckpt_manifest_size(const td_ckpt_manifest_t *m);
 void td_ckpt_manifest_encode(const td_ckpt_manifest_t *m, uint8_t *out);
 /* TD_ERR_CORRUPT with msg for a value that is not a manifest (magic, version, reserved bytes,
@@ -67,6 +81,8 @@ typedef struct {
     uint64_t epoch;
     uint64_t revision;      /* of the manifest key, as this owner last wrote it */
     uint64_t cl_seq;        /* the changelog's sequence the next write's state covers */
+    /* the cl_since the next write claims (epoch 0: none): the owner's to set */
+    uint64_t since_epoch, since_generation;
     td_ckpt_manifest_t cur; /* the manifest at that revision */
     bool cleaned;           /* other epochs' chunks removed (or that tried and failed) */
 } td_ckpt_t;
