@@ -49,6 +49,8 @@
 #include "fleet_helpers.h"
 #include "harness.h"
 #include "nats_cluster.h"
+#include "reference.h"
+#include "stream_check.h"
 #include "tally.h"
 #include "tally_fleet.h"
 #include "td_fleet_plan.h"

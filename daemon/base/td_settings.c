@@ -387,7 +387,8 @@ const td_setting_t td_settings[] = {
      .help = "direct = replicated: 1 keeps a warm copy of each partition on the next member of "
              "its rendezvous order (its checkpoint plus the changelog as it comes), which a "
              "take-over uses instead of the checkpoint and the whole tail when the checkpoint it "
-             "fences is the one the copy started from; stale_ok queries may read it "
+             "fences is the one the copy started from or covers it (its `cl_since`: the copy "
+             "runs on across checkpoints under direct writes); stale_ok queries may read it "
              "(docs/fleet.md \"Standbys\")"},
     {.option = "nats-advertise", .arg = "ENDPOINT", .section = "nats", .key = "advertise",
      .type = TD_SET_STRING, .offset = FIELD(nats_advertise), .reload = TD_RELOAD_RESTART,
