@@ -33,6 +33,10 @@
  *   3. a record that cannot be stored (the partition's changelog stream removed under its
  *      owner): the write is answered not_durable and counted, the owner gives the partition up
  *      and takes it again, and writes are answered again;
+ *  3b. a `duplicate` waits for its first try's record: with the PubAcks held, a resend of a
+ *      write applied but not stored gets no reply for a second, then `duplicate` after the
+ *      PubAck; a resend of a stored write is answered at once; a resend of a write whose record
+ *      fails (its changelog stream removed) is answered not_durable, as the write is;
  *   4. group commit by bytes, deletes and resets: with commit_ms at 1 s (commit_when_idle off),
  *      1000 writes (rgba8, 512 in flight, all of one partition) are stored in far fewer
  *      changelog messages than writes (a partition's batch goes out at 256 KiB); a delete and a
@@ -749,6 +753,80 @@ static void test_not_stored_not_durable(void **state)
     tally_client_destroy(&c);
     assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
     member[0].pid = 0;
+}
+
+/* ---- 3b. a duplicate waits for its first try's record -------------------------------------- */
+
+/* A numbered hist of stream `name` with seq, sent on c (its reply not awaited). */
+static void send_seq(tally_client_t *c, const char *name, uint64_t seq)
+{
+    static const uint8_t data[16] = {1, 2, 3};
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    req.seq = seq;
+    assert_int_equal(tally_send(c, &req, data, sizeof data, NULL), TALLY_OK);
+}
+
+/* The status of c's next reply, waited for up to TIMEOUT_MS (c's timeout a try). */
+static tally_status_t next_status(tally_client_t *c)
+{
+    tally_reply_t r;
+    tally_reply_init(&r);
+    tally_status_t st;
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while ((st = tally_recv(c, &r)) == TALLY_E_TIMEOUT && th_now_ms() < until)
+        ;
+    tally_reply_clear(&r);
+    return st;
+}
+
+/* With the PubAcks held (TALLYD_TEST_ACK_GATE), a resend of a write applied but not yet stored is
+ * answered `duplicate` only once the write's record is stored: none within a second (dup's
+ * timeout), then after the PubAck, with the write's OK. A resend of a stored write is answered at
+ * once (held, it would wait for a PubAck that never comes). A resend of a write whose record
+ * fails (its changelog stream removed) is answered not_durable, as the write is. */
+static void test_duplicate_waits_for_record(void **state)
+{
+    (void)state;
+    char dir[256], gate[300], name[32];
+    start_ack_gated(dir, sizeof dir, gate, sizeof gate, "2");
+    uint32_t k = tf_partition_of(&test_fleet, 0);
+    tf_stream_name(&test_fleet, 0, name, sizeof name);
+    tally_client_t *c = NULL, *dup = NULL;
+    assert_int_equal(tally_client_new(member[0].endpoint, TIMEOUT_MS, &c), TALLY_OK);
+    assert_int_equal(tally_client_new(member[0].endpoint, 1000, &dup), TALLY_OK);
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (tally_client_wait_connected(dup) == TALLY_E_TIMEOUT && th_now_ms() < until)
+        ;
+    send_seq(c, name, 1);
+    assert_int_equal(next_status(c), TALLY_OK);
+    send_seq(dup, name, 1);
+    assert_int_equal(next_status(dup), TALLY_E_DUPLICATE);
+    /* seq 2 applied, its record published, its PubAck held. */
+    uint64_t before = changelog_last(k);
+    assert_int_equal(unlink(gate), 0);
+    send_seq(c, name, 2);
+    wait_changelog(k, before + 1);
+    send_seq(dup, name, 2);
+    tally_reply_t r;
+    tally_reply_init(&r);
+    assert_int_equal(tally_recv(dup, &r), TALLY_E_TIMEOUT);
+    gate_open(gate);
+    assert_int_equal(next_status(c), TALLY_OK);
+    assert_int_equal(next_status(dup), TALLY_E_DUPLICATE);
+    /* seq 3's record not stored: its resend is not answered as applied. */
+    assert_int_equal(unlink(gate), 0);
+    remove_changelog(k);
+    send_seq(c, name, 3);
+    send_seq(dup, name, 3);
+    assert_int_equal(tally_recv(dup, &r), TALLY_E_TIMEOUT);
+    gate_open(gate);
+    assert_int_equal(next_status(c), TALLY_E_NOT_DURABLE);
+    assert_int_equal(next_status(dup), TALLY_E_NOT_DURABLE);
+    tally_reply_clear(&r);
+    tally_client_destroy(&dup);
+    tally_client_destroy(&c);
+    th_rmrf(dir);
 }
 
 /* ---- 5. another writer's record: the fence ----------------------------------------------------
@@ -2319,6 +2397,7 @@ int main(void)
         cmocka_unit_test_teardown(test_one_record_a_stream_a_batch, stop_members),
         cmocka_unit_test_teardown(test_kill_owner_under_load, stop_members),
         cmocka_unit_test_teardown(test_not_stored_not_durable, stop_members),
+        cmocka_unit_test_teardown(test_duplicate_waits_for_record, stop_members),
         cmocka_unit_test_teardown(test_group_commit_delete_reset, stop_members),
         cmocka_unit_test_teardown(test_other_writer_fenced, stop_members),
         cmocka_unit_test_teardown(test_records_gone_before_checkpoint, stop_members),

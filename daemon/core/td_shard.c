@@ -38,11 +38,12 @@
  * transport's own thread: td_path_port.c), until that thread has taken its reply. Sizes are checked
  * here, not by the transport: a payload over max_batch gets too_large like any other bad request.
  *
- * Replicated durability (direct mode, td_route_t.hold): a routed write that succeeded is held
- * at reply() instead of leaving (its input released, its in-flight slot kept) until the route
- * has its change durable; the route wakes the shards (td_path_wake_held, any thread) and each
- * looks at its held replies in order (td_shard_release_held): settled ones leave, as they are or
- * as the error the route says (not_durable).
+ * Replicated durability (direct mode, td_route_t.hold): a routed write that succeeded (or was
+ * refused `duplicate`, td_route_t.last) is held at reply() instead of leaving (its input released,
+ * its in-flight slot kept) until the route has its change durable; the route wakes the shards
+ * (td_path_wake_held, any thread) and each looks at its held replies in order
+ * (td_shard_release_held): settled ones leave, as they are or as the error the route says
+ * (not_durable).
  *
  * The end of every request is reply(): its in-flight slot, its reply handed back with the reply
  * bytes counted (td_reply.h); the transport ends it (td_reply_end, on the front's thread: sent, or
@@ -78,14 +79,34 @@ struct td_shard {
  * `stats` finds it counted, whichever shard ran it. */
 static void reply(td_shard_t *p, td_request_t *r);
 
+/* Replicated durability: a `duplicate` waits, as its first try's reply did, until the stream's
+ * last record is stored (the route's last); one whose record failed is answered as that write
+ * would be (not_durable: sent again), and one whose record is stored goes at once. */
+static bool duplicate_waits(td_shard_t *p, td_request_t *r)
+{
+    if (!p->route.last(p->route.ctx, &r->req, r->stream, &r->held_ticket))
+        return false;
+    char msg[TALLY_ERROR_MESSAGE_MAX + 1] = "";
+    bool pending = false;
+    tally_status_t st =
+        p->route.settled(p->route.ctx, &r->req, r->held_ticket, &pending, msg, sizeof msg);
+    if (!pending && st != TALLY_OK)
+        td_request_fail(r, st, "%s", msg);
+    return pending;
+}
+
 /* Replicated durability: a write that succeeded waits until the route has its change durable
  * (td_route_t.hold); it stays counted in flight, and its partition's, meanwhile. True when held. */
 static bool held(td_shard_t *p, td_request_t *r)
 {
-    if (!r->routed || !p->route.hold || r->held || r->rep.status != TALLY_OK)
+    if (!r->routed || !p->route.hold || r->held)
         return false;
     td_stream_t *stream = r->req.opcode == TALLY_OP_DELETE ? NULL : r->stream;
-    if (!p->route.hold(p->route.ctx, &r->req, stream, &r->held_ticket))
+    if (r->rep.status == TALLY_E_DUPLICATE) {
+        if (!duplicate_waits(p, r))
+            return false;
+    } else if (r->rep.status != TALLY_OK ||
+               !p->route.hold(p->route.ctx, &r->req, stream, &r->held_ticket))
         return false;
     r->held = true;
     td_request_release_input(r); /* applied: only its reply is kept */

@@ -86,6 +86,10 @@ typedef struct {
     bool (*hold)(void *ctx, const tally_req_t *req, td_stream_t *stream, uint64_t *ticket);
     tally_status_t (*settled)(void *ctx, const tally_req_t *req, uint64_t ticket, bool *pending,
                               char *msg, size_t cap);
+    /* A `duplicate` (the request's seq at or below its stream's last) says its first try was
+     * applied, which a client takes for stored: last says whether the stream's last record (the
+     * effect of every seq up to its last) still waits, *ticket what for (then held as hold's). */
+    bool (*last)(void *ctx, const tally_req_t *req, const td_stream_t *stream, uint64_t *ticket);
     void *ctx;
 } td_route_t;
 void td_shard_attach_route(td_shard_t *self, const td_route_t *route);

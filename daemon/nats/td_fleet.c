@@ -702,3 +702,20 @@ void td_fleet_destroy(td_fleet_t **self_p)
     free(f);
     *self_p = NULL;
 }
+
+/* Test only (td_fleet_changelog.c): the fleet thread waits, up to 30 s, for the file the
+ * environment's `env` names to exist, so that a test can act in between. TALLYD_TEST_FENCE_GATE
+ * holds a take between reading its changelog's end and storing its fence (another writer's message
+ * lands there: the race CL_FENCE_TRIES answers); TALLYD_TEST_PURGE_GATE holds a compaction between
+ * its checkpoint's store and its quiet check (a record stored there must keep the stream from the
+ * purge); TALLYD_TEST_ACK_GATE holds the PubAcks (libnats' thread, in on_ack: the messages in
+ * flight stay in flight). */
+void td_fleet_test_gate(const char *env, const char *what, uint32_t k)
+{
+    const char *gate = getenv(env);
+    if (!gate)
+        return;
+    td_info("fleet: partition %u: test: %s waits for %s", (unsigned)k, what, gate);
+    for (int i = 0; i < 3000 && access(gate, F_OK) != 0; i++)
+        usleep(10000);
+}

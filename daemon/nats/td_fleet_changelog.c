@@ -130,8 +130,6 @@ static void stream_of(char *out, size_t cap, uint32_t k)
     tally_fleet_name(out, cap, TALLY_NATS_CL_STREAM_PREFIX, k);
 }
 
-static void test_gate(const char *env, const char *what, uint32_t k);
-
 /* ---- Settling ------------------------------------------------------------------------------ */
 
 /* Under mu: forgets p's flights (failed, or of an ownership that ended). */
@@ -199,7 +197,7 @@ static void on_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *
     unsigned long k = strtoul(subject + strlen(TALLY_NATS_SUBJ_CL), NULL, 10);
     natsMsgHeader_Get(m, TALLY_NATS_HDR_BATCH, &batch);
     uint64_t ticket = batch ? strtoull(batch, NULL, 10) : 0;
-    test_gate("TALLYD_TEST_ACK_GATE", "a PubAck", (uint32_t)k);
+    td_fleet_test_gate("TALLYD_TEST_ACK_GATE", "a PubAck", (uint32_t)k);
     int64_t ack_ns = (int64_t)td_mono_ns();
     pthread_mutex_lock(&cl->mu);
     cl_part_t *p = k < cl->f->partitions ? &cl->parts[k] : NULL;
@@ -497,15 +495,35 @@ bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, td_str
     return true; /* closed or failed: *ticket fails (fail_from is at most the batch filling) */
 }
 
+/* Under mu: whether partition p's ticket failed, and if not whether it waits (*pending). */
+static bool failed_locked(const cl_part_t *p, uint64_t ticket, bool *pending)
+{
+    bool failed =
+        (p->fail_from && ticket >= p->fail_from) || (ticket < p->open_from && ticket > p->ok_then);
+    *pending = !failed && ticket > p->ok_upto;
+    return failed;
+}
+
+/* The ticket from the low 32 bits the stream keeps: the batch filling is at most 2^32 past it
+ * (0, stored, for a stream of no record of this member's). */
+bool td_changelog_last(td_fleet_t *f, uint32_t k, const td_stream_t *stream, uint64_t *ticket)
+{
+    cl_part_t *p = &f->cl->parts[k];
+    bool pending = false;
+    pthread_mutex_lock(&f->cl->mu);
+    *ticket = p->batch - (uint32_t)((uint32_t)p->batch - stream->cl_ticket);
+    bool waits = failed_locked(p, *ticket, &pending) || pending;
+    pthread_mutex_unlock(&f->cl->mu);
+    return waits;
+}
+
 tally_status_t td_changelog_settled(td_fleet_t *f, uint32_t k, uint64_t ticket, bool *pending,
                                     char *msg, size_t cap)
 {
     td_changelog_t *cl = f->cl;
     pthread_mutex_lock(&cl->mu);
     const cl_part_t *p = &cl->parts[k];
-    bool failed =
-        (p->fail_from && ticket >= p->fail_from) || (ticket < p->open_from && ticket > p->ok_then);
-    *pending = !failed && ticket > p->ok_upto;
+    bool failed = failed_locked(p, ticket, pending);
     if (!failed && !*pending)
         td_cl_times_released(&p->times, f->st, ticket);
     pthread_mutex_unlock(&cl->mu);
@@ -688,23 +706,6 @@ static td_err_t store_fence(td_fleet_t *f, uint32_t k, uint64_t epoch, uint64_t 
     return TD_ERR_LIBRARY;
 }
 
-/* Test only: the fleet thread waits, up to 30 s, for the file the environment's `env` names to
- * exist, so that a test can act in between. TALLYD_TEST_FENCE_GATE holds a take between reading
- * its changelog's end and storing its fence (another writer's message lands there: the race
- * CL_FENCE_TRIES answers); TALLYD_TEST_PURGE_GATE holds a compaction between its checkpoint's
- * store and its quiet check (a record stored there must keep the stream from the purge);
- * TALLYD_TEST_ACK_GATE holds the PubAcks (libnats' thread, in on_ack: the messages in flight
- * stay in flight). */
-static void test_gate(const char *env, const char *what, uint32_t k)
-{
-    const char *gate = getenv(env);
-    if (!gate)
-        return;
-    td_info("fleet: partition %u: test: %s waits for %s", (unsigned)k, what, gate);
-    for (int i = 0; i < 3000 && access(gate, F_OK) != 0; i++)
-        usleep(10000);
-}
-
 /* Partition k's records go to its changelog from now on, under epoch, chained after the fence. */
 static void open_part(td_changelog_t *cl, uint32_t k, uint64_t epoch, uint64_t fence)
 {
@@ -771,7 +772,7 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
         if (err == TD_OK)
             applied = last;
         if (err == TD_OK && i == 0)
-            test_gate("TALLYD_TEST_FENCE_GATE", "its fence", k);
+            td_fleet_test_gate("TALLYD_TEST_FENCE_GATE", "its fence", k);
         if (err == TD_OK)
             err = store_fence(f, k, epoch, last, &fence, &lost, msg, cap);
         if (err != TD_OK || !lost)
@@ -866,7 +867,7 @@ void td_changelog_compact(td_fleet_t *f, uint32_t k, uint64_t cl_seq, int64_t le
     td_changelog_t *cl = f->cl;
     if (!cl)
         return;
-    test_gate("TALLYD_TEST_PURGE_GATE", "its purge", k);
+    td_fleet_test_gate("TALLYD_TEST_PURGE_GATE", "its purge", k);
     pthread_mutex_lock(&cl->mu);
     cl_part_t *p = &cl->parts[k];
     const char *kept = kept_because(p, cl_seq, lease_until_ms - td_nats_now_ms());

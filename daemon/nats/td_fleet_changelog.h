@@ -106,5 +106,9 @@ bool td_changelog_hold(struct td_fleet *f, uint32_t k, const tally_req_t *req, t
                        uint64_t *ticket);
 tally_status_t td_changelog_settled(struct td_fleet *f, uint32_t k, uint64_t ticket, bool *pending,
                                     char *msg, size_t cap);
+/* A `duplicate` (td_route_t.last): the ticket of the batch that took stream's last record, which
+ * holds the effect of every seq up to the stream's last; true while it is not stored (waiting,
+ * or failed: td_changelog_settled says which). */
+bool td_changelog_last(struct td_fleet *f, uint32_t k, const td_stream_t *stream, uint64_t *ticket);
 
 #endif

@@ -362,6 +362,9 @@ void td_fleet_on_reply(td_fleet_t *f, int slot, const uint8_t *header, const uin
  * every publication flushed at once). */
 td_err_t td_fleet_connect(td_fleet_t *f, const char *role, bool asap, natsConnection **nc,
                           char *msg, size_t cap);
+/* Test only: waits, up to 30 s, for the file the environment's `env` names (its comment says
+ * which). */
+void td_fleet_test_gate(const char *env, const char *what, uint32_t k);
 
 /* td_fleet_part.c */
 void td_part_take(td_fleet_t *f, td_part_t *p);

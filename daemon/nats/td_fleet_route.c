@@ -107,6 +107,14 @@ static tally_status_t route_settled(void *ctx, const tally_req_t *req, uint64_t 
     return td_changelog_settled(r->f, k, ticket, pending, msg, cap);
 }
 
+static bool route_last(void *ctx, const tally_req_t *req, const td_stream_t *stream,
+                       uint64_t *ticket)
+{
+    td_fleet_route_t *r = ctx;
+    uint32_t k = tally_partition(req->stream, req->stream_len, r->f->partitions);
+    return td_changelog_last(r->f, k, stream, ticket);
+}
+
 static void route_done(void *ctx, const tally_req_t *req, tally_status_t status)
 {
     td_fleet_route_t *r = ctx;
@@ -180,6 +188,7 @@ td_err_t td_fleet_route_open(td_fleet_t *f, const td_config_t *cfg)
         f->st->replicated = true;
         route.hold = route_hold;
         route.settled = route_settled;
+        route.last = route_last;
     }
     td_path_attach_route(f->host.path, &route);
     return TD_OK;
