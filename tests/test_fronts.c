@@ -23,6 +23,9 @@
  *   - CURVE: a front takes an allowed key's requests and nothing from a plain socket;
  *   - a shared-memory reference on a front resolves against its routing id's regions (the same
  *     counts as the bytes sent), and another connection's reference to it is `bad_ref`;
+ *   - odd peers on a front, as on the bind: a REQ socket's envelope (its empty delimiter echoed)
+ *     and a message of too many frames (answered `frames`, its extra frames dropped); a reply
+ *     whose connection has gone is dropped and counted (tallyd_front_replies_dropped_total);
  *   - refusals: a front with one shard, a front on an endpoint already bound.
  */
 #include <fcntl.h>
@@ -447,6 +450,72 @@ static void test_shm_ref_on_a_front(void **state)
     th_rmrf(f.dir);
 }
 
+static void test_odd_peers_on_a_front(void **state)
+{
+    (void)state;
+    static fixture_t f; /* static: the teardown reaches it after a failed assertion */
+    memset(&f, 0, sizeof f);
+    start(&f, (const char *[]){NULL});
+    void *ctx = zmq_ctx_new();
+    void *req_sock = zmq_socket(ctx, ZMQ_REQ);
+    int timeout = TIMEOUT_MS, linger = 0;
+    zmq_setsockopt(req_sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    zmq_setsockopt(req_sock, ZMQ_LINGER, &linger, sizeof linger);
+    assert_int_equal(zmq_connect(req_sock, f.front[0]), 0);
+    tally_req_t req = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 61);
+    uint8_t header[TALLY_REQ_HEADER_SIZE];
+    tally_req_encode(&req, header);
+    assert_int_equal(zmq_send(req_sock, header, sizeof header, ZMQ_SNDMORE), (int)sizeof header);
+    assert_int_equal(zmq_send(req_sock, "", 0, 0), 0);
+    uint8_t reply[TALLY_REP_HEADER_SIZE];
+    assert_int_equal(zmq_recv(req_sock, reply, sizeof reply, 0), TALLY_REP_HEADER_SIZE);
+    tally_rep_t rep;
+    assert_int_equal(tally_rep_decode(reply, sizeof reply, &rep), TALLY_OK);
+    assert_int_equal(rep.status, TALLY_OK);
+    assert_int_equal(rep.request_id, 61);
+    zmq_close(req_sock);
+    zmq_ctx_term(ctx);
+
+    void *sock = connect_to(&f, 2);
+    req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 62);
+    tally_req_encode(&req, header);
+    const void *data[8] = {header, "a", "b", "c", "d", "e", "f", "g"};
+    size_t lens[8] = {sizeof header, 1, 1, 1, 1, 1, 1, 1};
+    assert_int_equal(th_send_frames(sock, 8, data, lens), 0);
+    th_reply_t r;
+    assert_int_equal(th_recv_reply(sock, &r), 0);
+    assert_int_equal(r.rep.request_id, 62);
+    assert_int_equal(r.rep.status, TALLY_E_FRAMES);
+    th_reply_free(&r);
+    assert_int_equal(th_close_and_stop(sock, &f.d, 10000), 0);
+    th_rmrf(f.dir);
+}
+
+static void test_reply_to_a_gone_peer(void **state)
+{
+    (void)state;
+    static fixture_t f; /* static: the teardown reaches it after a failed assertion */
+    memset(&f, 0, sizeof f);
+    start_slow(&f, "300000", (const char *[]){"--metrics", "127.0.0.1:0", NULL});
+    void *gone = connect_to(&f, 1);
+    send_hists(gone, 1, 1);
+    long long inflight = 0; /* taken: its reply is 300 ms away */
+    for (int64_t end = th_now_ms() + 5000; inflight < 1 && th_now_ms() < end; th_sleep_ms(5))
+        inflight = th_metric(&f.d, "tallyd_requests_in_flight");
+    assert_int_equal(inflight, 1);
+    th_close(gone);
+    long long dropped = 0;
+    const char *name = "tallyd_front_replies_dropped_total{front=\"0\"}";
+    for (int64_t end = th_now_ms() + 10000; dropped < 1 && th_now_ms() < end; th_sleep_ms(50))
+        dropped = th_metric(&f.d, name);
+    assert_int_equal(dropped, 1);
+    void *sock = connect_to(&f, 1); /* the front serves on */
+    send_hists(sock, 2, 1);
+    assert_int_equal(replies_with(sock, 2, 1, TALLY_OK, TALLY_OK), 1);
+    assert_int_equal(th_close_and_stop(sock, &f.d, 10000), 0);
+    th_rmrf(f.dir);
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -474,6 +543,8 @@ int main(void)
         cmocka_unit_test_teardown(test_drain_on_every_front, kill_left),
         cmocka_unit_test_teardown(test_curve_on_a_front, kill_left),
         cmocka_unit_test_teardown(test_shm_ref_on_a_front, kill_left),
+        cmocka_unit_test_teardown(test_odd_peers_on_a_front, kill_left),
+        cmocka_unit_test_teardown(test_reply_to_a_gone_peer, kill_left),
         cmocka_unit_test_teardown(test_refusals, kill_left),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
