@@ -518,25 +518,7 @@ static void test_reject_frame_counts(void **state)
 static void test_req_socket_peer(void **state)
 {
     (void)state;
-    void *ctx = zmq_ctx_new();
-    void *req_sock = zmq_socket(ctx, ZMQ_REQ);
-    int timeout = 5000, linger = 0;
-    zmq_setsockopt(req_sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
-    zmq_setsockopt(req_sock, ZMQ_LINGER, &linger, sizeof linger);
-    assert_int_equal(zmq_connect(req_sock, daemon_main.endpoint), 0);
-    tally_req_t req = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 61);
-    uint8_t header[TALLY_REQ_HEADER_SIZE];
-    tally_req_encode(&req, header);
-    assert_int_equal(zmq_send(req_sock, header, sizeof header, ZMQ_SNDMORE), (int)sizeof header);
-    assert_int_equal(zmq_send(req_sock, "", 0, 0), 0);
-    uint8_t reply[TALLY_REP_HEADER_SIZE];
-    assert_int_equal(zmq_recv(req_sock, reply, sizeof reply, 0), TALLY_REP_HEADER_SIZE);
-    tally_rep_t rep;
-    assert_int_equal(tally_rep_decode(reply, sizeof reply, &rep), TALLY_OK);
-    assert_int_equal(rep.status, TALLY_OK);
-    assert_int_equal(rep.request_id, 61);
-    zmq_close(req_sock);
-    zmq_ctx_term(ctx);
+    assert_int_equal(th_req_socket_ping(daemon_main.endpoint, 61, 5000), TALLY_OK);
 }
 
 /* ---- limits and lifecycle (each with its own daemon) ------------------------------------ */

@@ -456,28 +456,11 @@ static void test_odd_peers_on_a_front(void **state)
     static fixture_t f; /* static: the teardown reaches it after a failed assertion */
     memset(&f, 0, sizeof f);
     start(&f, (const char *[]){NULL});
-    void *ctx = zmq_ctx_new();
-    void *req_sock = zmq_socket(ctx, ZMQ_REQ);
-    int timeout = TIMEOUT_MS, linger = 0;
-    zmq_setsockopt(req_sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
-    zmq_setsockopt(req_sock, ZMQ_LINGER, &linger, sizeof linger);
-    assert_int_equal(zmq_connect(req_sock, f.front[0]), 0);
-    tally_req_t req = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 61);
-    uint8_t header[TALLY_REQ_HEADER_SIZE];
-    tally_req_encode(&req, header);
-    assert_int_equal(zmq_send(req_sock, header, sizeof header, ZMQ_SNDMORE), (int)sizeof header);
-    assert_int_equal(zmq_send(req_sock, "", 0, 0), 0);
-    uint8_t reply[TALLY_REP_HEADER_SIZE];
-    assert_int_equal(zmq_recv(req_sock, reply, sizeof reply, 0), TALLY_REP_HEADER_SIZE);
-    tally_rep_t rep;
-    assert_int_equal(tally_rep_decode(reply, sizeof reply, &rep), TALLY_OK);
-    assert_int_equal(rep.status, TALLY_OK);
-    assert_int_equal(rep.request_id, 61);
-    zmq_close(req_sock);
-    zmq_ctx_term(ctx);
+    assert_int_equal(th_req_socket_ping(f.front[0], 61, TIMEOUT_MS), TALLY_OK);
 
     void *sock = connect_to(&f, 2);
-    req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 62);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 62);
+    uint8_t header[TALLY_REQ_HEADER_SIZE];
     tally_req_encode(&req, header);
     const void *data[8] = {header, "a", "b", "c", "d", "e", "f", "g"};
     size_t lens[8] = {sizeof header, 1, 1, 1, 1, 1, 1, 1};

@@ -441,6 +441,28 @@ int th_close_and_stop(void *sock, th_daemon_t *d, int timeout_ms)
     return th_daemon_stop(d, SIGTERM, timeout_ms);
 }
 
+int th_req_socket_ping(const char *endpoint, uint64_t id, int timeout_ms)
+{
+    void *ctx = zmq_ctx_new();
+    void *req_sock = zmq_socket(ctx, ZMQ_REQ);
+    int linger = 0, status = -1;
+    zmq_setsockopt(req_sock, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
+    zmq_setsockopt(req_sock, ZMQ_LINGER, &linger, sizeof linger);
+    tally_req_t req = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, id);
+    uint8_t header[TALLY_REQ_HEADER_SIZE], reply[TALLY_REP_HEADER_SIZE];
+    tally_req_encode(&req, header);
+    tally_rep_t rep;
+    if (zmq_connect(req_sock, endpoint) == 0 &&
+        zmq_send(req_sock, header, sizeof header, ZMQ_SNDMORE) == (int)sizeof header &&
+        zmq_send(req_sock, "", 0, 0) == 0 &&
+        zmq_recv(req_sock, reply, sizeof reply, 0) == TALLY_REP_HEADER_SIZE &&
+        tally_rep_decode(reply, sizeof reply, &rep) == TALLY_OK && rep.request_id == id)
+        status = (int)rep.status;
+    zmq_close(req_sock);
+    zmq_ctx_term(ctx);
+    return status;
+}
+
 int th_send_frames(void *sock, int count, const void *const *data, const size_t *lens)
 {
     for (int i = 0; i < count; i++)

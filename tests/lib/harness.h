@@ -115,6 +115,10 @@ void th_close(void *sock);
  * status, or -1. */
 int th_close_and_stop(void *sock, th_daemon_t *d, int timeout_ms);
 
+/* A ping with request id `id` from a REQ socket of its own (whose envelope has an empty delimiter
+ * frame, which tallyd echoes) at endpoint: the reply's status, or -1 (no reply, or not the ping's).
+ */
+int th_req_socket_ping(const char *endpoint, uint64_t id, int timeout_ms);
 /* Sends frames: each (data, len); returns 0 or -1. */
 int th_send_frames(void *sock, int count, const void *const *data, const size_t *lens);
 /* Sends a request header (encoded from req) and a payload. */
