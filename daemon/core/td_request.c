@@ -533,3 +533,21 @@ void td_bytes_taken(td_bytes_t *b)
 {
     *b = (td_bytes_t){0};
 }
+
+void td_reply_no_memory(const td_msg_t *m, td_reply_t *out)
+{
+    static const char text[] = "out of memory; not run";
+    tally_req_t req = {0};
+    char why[TALLY_ERROR_MESSAGE_MAX + 1];
+    if (m->header)
+        tally_req_decode(m->header, m->header_len, &req, why, sizeof why);
+    *out = (td_reply_t){.to = m->from,
+                        .rep = {.version = TALLY_PROTO_VERSION,
+                                .opcode = req.opcode,
+                                .flags = req.flags,
+                                .request_id = req.request_id,
+                                .status = TALLY_E_INTERNAL,
+                                .dtype = TALLY_DTYPE_TEXT},
+                        .body = {.data = (void *)text, .len = sizeof text - 1}};
+    tally_rep_encode(&out->rep, out->header);
+}

@@ -221,6 +221,12 @@ bool td_path_wait_for_room(td_path_t *path);
 /* Loop thread: the transport is done with reply (frees what it left of the body, counts a
  * dropped one, frees the request). */
 void td_reply_end(td_reply_t *reply, td_reply_outcome_t outcome);
+/* Any thread: no memory to take m's request (td_path_submit or td_path_port_submit returned
+ * TD_ERR_NOMEM): *out is its reply all the same, `internal` "out of memory; not run" echoing what
+ * m's header gives, built without an allocation (the message is static), so that the request
+ * still gets its one reply (found by the allocation sweep, issue 25: it was dropped, and its sender
+ * waited forever). The transport sends it as it is and never calls td_reply_end for it. */
+void td_reply_no_memory(const td_msg_t *m, td_reply_t *out);
 
 /* ---- A port: the request path for a transport's own thread (above) ------------------------- */
 

@@ -76,25 +76,11 @@ static td_bytes_t hold_frame(void *room, void *frame)
                         .hint = held};
 }
 
-/* No memory for a request: the message is answered `internal` all the same, from the stack,
- * echoing what its header gives, so that it still gets its one reply (found by the allocation
- * sweep, issue 25: it was dropped, and its sender waited forever). */
+/* No memory for a request: answered `internal` all the same (td_reply_no_memory). */
 static void answer_no_memory(td_zmq_t *z, const td_msg_t *m)
 {
-    static const char text[] = "out of memory; not run";
-    tally_req_t req = {0};
-    char msg[TALLY_ERROR_MESSAGE_MAX + 1];
-    if (m->header)
-        tally_req_decode(m->header, m->header_len, &req, msg, sizeof msg);
-    td_reply_t reply = {.to = m->from,
-                        .rep = {.version = TALLY_PROTO_VERSION,
-                                .opcode = req.opcode,
-                                .flags = req.flags,
-                                .request_id = req.request_id,
-                                .status = TALLY_E_INTERNAL,
-                                .dtype = TALLY_DTYPE_TEXT},
-                        .body = {.data = (void *)text, .len = sizeof text - 1}};
-    tally_rep_encode(&reply.rep, reply.header);
+    td_reply_t reply;
+    td_reply_no_memory(m, &reply);
     td_err("out of memory: request %" PRIu64 " answered `internal`", reply.rep.request_id);
     (void)td_zmq_send_now(z, &reply); /* a peer gone or not reading: as for any reply */
     td_zmq_conn_answered(m->from.ctx);

@@ -248,23 +248,11 @@ static void release(message_t *m)
     m->held = false;
 }
 
-/* No memory for a request: answered `internal` from the stack (as td_zmq.c's). */
+/* No memory for a request: answered `internal` all the same (td_reply_no_memory). */
 static void answer_no_memory(front_t *f, const td_msg_t *m)
 {
-    static const char text[] = "out of memory; not run";
-    tally_req_t req = {0};
-    char why[TALLY_ERROR_MESSAGE_MAX + 1];
-    if (m->header)
-        tally_req_decode(m->header, m->header_len, &req, why, sizeof why);
-    td_reply_t reply = {.to = m->from,
-                        .rep = {.version = TALLY_PROTO_VERSION,
-                                .opcode = req.opcode,
-                                .flags = req.flags,
-                                .request_id = req.request_id,
-                                .status = TALLY_E_INTERNAL,
-                                .dtype = TALLY_DTYPE_TEXT},
-                        .body = {.data = (void *)text, .len = sizeof text - 1}};
-    tally_rep_encode(&reply.rep, reply.header);
+    td_reply_t reply;
+    td_reply_no_memory(m, &reply);
     td_err("front %s: out of memory: request %" PRIu64 " answered `internal`", f->endpoint,
            reply.rep.request_id);
     send_reply(f, &reply);
