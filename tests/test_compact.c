@@ -96,15 +96,26 @@ static void assert_bins_equal(const td_bins_t *b, size_t values, const uint64_t 
     assert_int_equal(td_bins_decode(enc, len - 1, values, got), 0); /* one byte short */
 }
 
+/* b += add through a plan told that no addend passes add_max (a hist batch's element count). */
+static void add_bounded(td_bins_t *b, size_t values, const uint64_t *add, uint64_t add_max)
+{
+    td_bins_plan_t plan;
+    td_bins_plan(b, values, add, add_max, &plan);
+    assert_true(td_bins_prepare(&plan));
+    td_bins_commit(b, values, add, &plan);
+}
+
 /* Random adds against a u64 array: counts equal after every one; the width is the narrowest
- * for the largest count stored so far; bytes are what the form says. */
+ * for the largest count stored so far; bytes are what the form says. A second histogram is
+ * given each batch with its largest addend as the bound the plan may use instead of reading the
+ * addends (a batch's element count, td_stream.c): the same counts and width. */
 static void test_bins_against_dense(void **state)
 {
     (void)state;
     static uint64_t ref[TALLY_HIST_VALUES_MAX], add[TALLY_HIST_VALUES_MAX];
     for (int run = 0; run < 300; run++) {
         size_t values = value_counts[run % 3];
-        td_bins_t b = {0};
+        td_bins_t b = {0}, bounded = {0};
         memset(ref, 0, sizeof ref);
         uint64_t max_seen = 0;
         bool was_dense = false;
@@ -119,6 +130,12 @@ static void test_bins_against_dense(void **state)
             assert_true(td_bins_add(&b, values, add));
             assert_bins_equal(&b, values, ref);
             assert_int_equal(b.width, max_seen ? width_for(max_seen) : 0);
+            uint64_t add_max = 0;
+            for (size_t i = 0; i < values; i++)
+                add_max = add[i] > add_max ? add[i] : add_max;
+            add_bounded(&bounded, values, add, add_max);
+            assert_bins_equal(&bounded, values, ref);
+            assert_int_equal(bounded.width, b.width);
             if (!b.width)
                 continue;
             assert_false(was_dense && b.sparse); /* forms only grow */
@@ -130,6 +147,7 @@ static void test_bins_against_dense(void **state)
                 assert_true(b.used == used && b.cap >= used);
         }
         td_bins_clear(&b);
+        td_bins_clear(&bounded);
         assert_int_equal(td_bins_bytes(&b), 0);
         assert_null(b.data);
     }
@@ -220,7 +238,7 @@ static void test_bins_plan_abort_and_set(void **state)
     for (size_t i = 0; i < 256; i++)
         add[i] = 70000;
     td_bins_plan_t plan;
-    td_bins_plan(&b, 256, add, &plan);
+    td_bins_plan(&b, 256, add, UINT64_MAX, &plan);
     assert_true(plan.fresh && !plan.sparse && plan.width == 4);
     assert_int_equal(plan.bytes, 1024);
     assert_true(td_bins_prepare(&plan));

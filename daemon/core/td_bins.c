@@ -181,24 +181,30 @@ static uint8_t bit_length(uint64_t v)
 
 /* Whether dense counts plus add fit their width, mostly without reading them: the largest count
  * has maxbits bits and the largest addend a bits, so every sum has at most max(maxbits, a) + 1.
- * The addends' bits are those of their OR (the same highest bit as their maximum, and a
- * reduction SSE2 vectorises, which a 64-bit maximum is not). */
-static bool dense_stays(const td_bins_t *b, size_t values, const uint64_t *add)
+ * The addends' bits are add_max's when the caller knows a bound (a batch's element count: no
+ * 256-count pass, two of them a hist batch, bench/NOTES.md "A shard's instructions for a 64 B
+ * hist"), else those of their OR (the same highest bit as their maximum, and a reduction SSE2
+ * vectorises, which a 64-bit maximum is not). */
+static bool dense_stays(const td_bins_t *b, size_t values, const uint64_t *add, uint64_t add_max)
 {
     if (b->width == 8)
         return true; /* u64 counts wrap as they would anyway */
-    uint64_t any = 0;
-    for (size_t i = 0; i < values; i++)
-        any |= add[i];
+    uint64_t any = add_max;
+    if (add_max == UINT64_MAX) {
+        any = 0;
+        for (size_t i = 0; i < values; i++)
+            any |= add[i];
+    }
     uint8_t a = bit_length(any), bits = a > b->maxbits ? a : b->maxbits;
     if (bits + 1 <= 8 * b->width)
         return true;
     return dense_fits(b->data, b->width, values, add);
 }
 
-void td_bins_plan(const td_bins_t *b, size_t values, const uint64_t *add, td_bins_plan_t *plan)
+void td_bins_plan(const td_bins_t *b, size_t values, const uint64_t *add, uint64_t add_max,
+                  td_bins_plan_t *plan)
 {
-    if (b->width && !b->sparse && dense_stays(b, values, add)) {
+    if (b->width && !b->sparse && dense_stays(b, values, add, add_max)) {
         *plan = (td_bins_plan_t){.width = b->width, .cap = b->cap, .bytes = td_bins_bytes(b)};
         return; /* dense stays dense in its width; u64 counts wrap as they would anyway */
     }
@@ -304,7 +310,7 @@ void td_bins_commit(td_bins_t *b, size_t values, const uint64_t *add, td_bins_pl
 bool td_bins_add(td_bins_t *b, size_t values, const uint64_t *add)
 {
     td_bins_plan_t plan;
-    td_bins_plan(b, values, add, &plan);
+    td_bins_plan(b, values, add, UINT64_MAX, &plan);
     if (!td_bins_prepare(&plan))
         return false;
     td_bins_commit(b, values, add, &plan);

@@ -59,8 +59,11 @@ typedef struct {
 /* Bytes allocated for the counts (what td_bins_t's data points to). */
 size_t td_bins_bytes(const td_bins_t *b);
 
-/* Plans b += add (values counts). */
-void td_bins_plan(const td_bins_t *b, size_t values, const uint64_t *add, td_bins_plan_t *plan);
+/* Plans b += add (values counts). add_max: no addend is larger (a hist batch's element count:
+ * the busy case, dense counts whose largest leaves room for it, is then decided without reading
+ * the addends), or UINT64_MAX: not known, the addends are read. */
+void td_bins_plan(const td_bins_t *b, size_t values, const uint64_t *add, uint64_t add_max,
+                  td_bins_plan_t *plan);
 /* Allocates what the plan needs; false when out of memory (nothing to abort then). */
 bool td_bins_prepare(td_bins_plan_t *plan);
 /* b += add, as planned and prepared (the same b, values and add as td_bins_plan). */

@@ -665,9 +665,10 @@ typedef struct {
     td_window_t *window;   /* the ring the batch goes to, or NULL */
 } hist_plan_t;
 
-/* Plans the batch in both histograms and the bytes the stream holds after it (*after). */
-static bool plan_hist(td_stream_t *s, size_t values, const uint64_t *bins, uint64_t now_ms,
-                      hist_plan_t *p, size_t *after)
+/* Plans the batch (n elements: no bin counts more) in both histograms and the bytes the stream
+ * holds after it (*after). */
+static bool plan_hist(td_stream_t *s, size_t values, const uint64_t *bins, uint64_t n,
+                      uint64_t now_ms, hist_plan_t *p, size_t *after)
 {
     const budget_t *b = s->table->budget;
     memset(p, 0, sizeof *p);
@@ -682,10 +683,10 @@ static bool plan_hist(td_stream_t *s, size_t values, const uint64_t *bins, uint6
     if (p->window)
         td_window_expire(p->window, now_ms); /* what the ring has left is gone anyway */
     td_stream_recount(s);
-    td_bins_plan(&s->bins, values, bins, &p->bins);
+    td_bins_plan(&s->bins, values, bins, n, &p->bins);
     *after = stream_struct_bytes(s->name_len) + p->bins.bytes;
     if (p->window) {
-        td_window_plan(p->window, now_ms, bins, &p->ring);
+        td_window_plan(p->window, now_ms, bins, n, &p->ring);
         *after += p->ring.bytes;
     }
     return true;
@@ -710,7 +711,7 @@ tally_status_t td_stream_add_hist(td_stream_t *s, uint8_t dtype, int64_t lo, int
     uint8_t have = info->hist_dtype != TALLY_DTYPE_NONE ? info->hist_dtype : dtype;
     size_t values = td_stream_values(have), after = 0;
     hist_plan_t p;
-    if (!plan_hist(s, values, bins, now_ms, &p, &after)) {
+    if (!plan_hist(s, values, bins, n, now_ms, &p, &after)) {
         snprintf(msg, msg_cap, "out of memory for the stream's window ring");
         return TALLY_E_INTERNAL;
     }

@@ -175,7 +175,7 @@ void td_window_expire(td_window_t *w, uint64_t now_ms)
     }
 }
 
-void td_window_plan(const td_window_t *w, uint64_t now_ms, const uint64_t *bins,
+void td_window_plan(const td_window_t *w, uint64_t now_ms, const uint64_t *bins, uint64_t add_max,
                     td_window_plan_t *plan)
 {
     static const td_bins_t empty;
@@ -193,7 +193,7 @@ void td_window_plan(const td_window_t *w, uint64_t now_ms, const uint64_t *bins,
     plan->cap = w->cap;
     plan->grow = false;
     const td_bins_t *target = plan->slot >= 0 ? &w->slots[plan->slot].bins : &empty;
-    td_bins_plan(target, values_of(w), bins, &plan->bins);
+    td_bins_plan(target, values_of(w), bins, add_max, &plan->bins);
     if (plan->slot < 0 && kept + 1 > w->cap) {
         unsigned cap = w->cap ? w->cap : 1;
         while (cap < kept + 1)
@@ -260,7 +260,7 @@ bool td_window_add(td_window_t *w, uint64_t now_ms, const uint64_t *bins, uint64
                    uint64_t overflow, uint64_t n)
 {
     td_window_plan_t plan;
-    td_window_plan(w, now_ms, bins, &plan);
+    td_window_plan(w, now_ms, bins, UINT64_MAX, &plan);
     if (!td_window_prepare(&plan))
         return false;
     td_window_commit(w, bins, underflow, overflow, n, &plan);

@@ -66,9 +66,10 @@ unsigned td_window_slots(const td_window_t *self);
 /* Bytes allocated for the ring: header, slot array and bins. */
 size_t td_window_bytes(const td_window_t *self);
 
-/* Plans adding a batch's histogram (bins: channels x 256) at now_ms. */
+/* Plans adding a batch's histogram (bins: channels x 256) at now_ms; add_max: no bin counts more
+ * (the batch's element count), or UINT64_MAX: not known (td_bins_plan). */
 void td_window_plan(const td_window_t *self, uint64_t now_ms, const uint64_t *bins,
-                    td_window_plan_t *plan);
+                    uint64_t add_max, td_window_plan_t *plan);
 /* Allocates what the plan needs; false when out of memory (nothing to abort then). A prepared
  * plan is always committed: nothing after it can refuse the batch. */
 bool td_window_prepare(td_window_plan_t *plan);
