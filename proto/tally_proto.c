@@ -253,9 +253,17 @@ void tally_req_encode(const tally_req_t *req, uint8_t out[TALLY_REQ_HEADER_SIZE]
     memcpy(out + REQ_OFF_STREAM, req->stream, name_len);
 }
 
-/* The first non-zero byte offset in buf[from..to), or `to` when there is none. */
+/* The first non-zero byte offset in buf[from..to), or `to` when there is none. Eight bytes a
+ * load while they are all zero (a short name leaves up to 63 bytes of padding: a byte at a time
+ * was 390 instructions of a shard's request, bench/NOTES.md "A shard's instructions for a 64 B
+ * hist"), then byte by byte to the one that is not. */
 static size_t first_nonzero(const uint8_t *buf, size_t from, size_t to)
 {
+    for (uint64_t word; from + 8 <= to; from += 8) {
+        memcpy(&word, buf + from, 8);
+        if (word)
+            break;
+    }
     while (from < to && buf[from] == 0)
         from++;
     return from;

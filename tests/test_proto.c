@@ -860,6 +860,11 @@ static void test_reject_stream_name_padding(void **state)
                      TALLY_E_STREAM_NAME);
     assert_string_equal(msg, "header byte 68 after the 4-byte stream name is 0x78, not zero");
     assert_int_equal(decode_patched(TALLY_OP_QUERY, 127, 1, msg, sizeof msg), TALLY_E_STREAM_NAME);
+    assert_string_equal(msg, "header byte 127 after the 4-byte stream name is 0x01, not zero");
+    /* In the middle of an eight-byte word that the check reads whole (tally_proto.c): the byte
+     * itself is named. */
+    assert_int_equal(decode_patched(TALLY_OP_QUERY, 101, 2, msg, sizeof msg), TALLY_E_STREAM_NAME);
+    assert_string_equal(msg, "header byte 101 after the 4-byte stream name is 0x02, not zero");
     /* No stream at all: the whole name area is padding. */
     assert_int_equal(decode_patched(TALLY_OP_FILTER, 64, 'a', msg, sizeof msg),
                      TALLY_E_STREAM_NAME);
