@@ -22,8 +22,11 @@
 # thread's samples over one second of the apply, by function, printed after the round's line. The profiles (inclusive, self, callers) stay in the run's folder
 # with KEEP=1 (its path is printed). FILLS=N: after the timed fill the same worker takes N-1
 # more, running, and its RSS after each is printed (a fleet worker's memory over a long load;
-# each fill names new streams, 32 of them). Instructions do not move with the box's load; the rates
-# and CPU times do (2x on the shared dev box). TALLYD_ARGS adds worker options.
+# each fill names new streams, 32 of them). SYSCALLS=1 (where perf reads the raw_syscalls
+# tracepoint: the dev box does): the worker's system calls, context switches and CPU time over the
+# apply (perf stat --per-thread, attached before the SIGCONT), a message, in all and by thread
+# name, printed after the round's line: the wake-ups callgrind does not count. Instructions do
+# not move with the box's load; the rates and CPU times do (2x on the shared dev box). TALLYD_ARGS adds worker options.
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 BUILD..." >&2; exit 2; }
 rounds=${ROUNDS:-3}
@@ -67,6 +70,13 @@ one() {
   a0=$base
   kill -STOP "$wpid"
   "$nb" fleet-fill "$url" "$tag" "$count" "$size" >"$dir/fill-$tag"
+  local spid=
+  if [ "${SYSCALLS:-0}" = 1 ]; then # every thread of the worker, from before its SIGCONT
+    perf stat --per-thread -x, -e raw_syscalls:sys_enter,context-switches,task-clock -p "$wpid" \
+      -o "$dir/stat-$tag.csv" &
+    spid=$!
+    sleep 0.3
+  fi
   c0=$(cpu_ticks)
   t0=$(date +%s.%N)
   kill -CONT "$wpid"
@@ -105,6 +115,7 @@ PY
 )
   c1=$(cpu_ticks)
   a1=$(metric tallyd_nats_applied_total)
+  [ -z "$spid" ] || { kill -INT "$spid" && wait "$spid" || true; }
   local ir=""
   if [ "${CALLGRIND:-0}" = 1 ]; then
     callgrind_control -d "$wpid" >/dev/null
@@ -126,7 +137,7 @@ for l in open(sys.argv[2]):
     v = l.split()
     if "PROGRAM TOTALS" in l:
         total = int(v[0].replace(",", ""))
-    if l.rstrip().endswith("td_metrics_render") and not metrics:
+    if re.search(r":td_metrics_render( \[|$)", l.rstrip()) and not metrics:  # [object] or not
         metrics = int(v[0].replace(",", ""))
 print(f" {total // max(calls, 1)} {(total - metrics) // max(calls, 1)} {calls}")
 PY
@@ -149,6 +160,26 @@ print(f'{sys.argv[5]} {s:.3f} {c / s:.0f} {t / hz / c * 1e6:.1f}{sys.argv[6]}')"
     "$count" "$secs" "$((c1 - c0))" "$(getconf CLK_TCK)" "$tag" "$ir"
   [ -z "$tpid" ] || head -12 "$dir/threads-$tag" | sed "s/^/  $tag threads: /"
   [ -z "$ppid" ] || head -40 "$dir/perf-$tag.txt" | sed "s/^/  $tag tdfleet: /"
+  [ -z "$spid" ] || python3 - "$dir/stat-$tag.csv" "$count" "$tag" <<'PY'
+import collections, re, sys
+# perf stat -x, --per-thread lines: comm-tid,value,unit,event,...
+per = collections.defaultdict(lambda: collections.Counter())
+for l in open(sys.argv[1]):
+    f = l.strip().split(",")
+    if len(f) < 4 or not f[1].replace(".", "").isdigit():
+        continue
+    name = re.sub(r"-\d+$", "", f[0])
+    name = re.sub(r"\d+$", "N", name)  # tdreader-3, tdshard-1: one row for each kind
+    per[name][f[3]] += float(f[1])
+    per["all"][f[3]] += float(f[1])
+n = int(sys.argv[2])
+ev = ("raw_syscalls:sys_enter", "context-switches", "task-clock")
+for name in ["all"] + sorted(k for k in per if k != "all"):
+    c = per[name]
+    if name == "all" or c[ev[2]] * 1e3 / n >= 0.05:  # the threads that did something
+        print(f"  {sys.argv[3]} {name}: syscalls {c[ev[0]] / n:.2f}, context switches "
+              f"{c[ev[1]] / n:.2f}, task-clock {c[ev[2]] * 1e3 / n:.2f} us a message")
+PY
 }
 
 echo "# $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u '+%Y-%m-%d %H:%M UTC');" \
