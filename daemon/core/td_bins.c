@@ -20,7 +20,7 @@
 /* The busy case's passes over dense counts (a hist batch into a stream and its window interval:
  * two a batch) built twice on x86-64, for AVX2 and for the baseline, the one the CPU runs chosen
  * once at load (GCC's target_clones): AVX2's 256-bit vectors take 4 u64 addends an instruction
- * where SSE2 takes 2; a shard's instructions for a 64 B hist 7,320 -> 6,690 (callgrind,
+ * where SSE2 takes 2; a shard's instructions for a 64 B hist 7,320 -> 6,550 (callgrind,
  * bench/NOTES.md, "A shard's instructions for a 64 B hist"). Elsewhere, one build. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
