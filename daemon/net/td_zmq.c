@@ -8,8 +8,11 @@
  * the uv_poll callback AND from a uv_check handle after every loop iteration (completions arrive
  * through libuv's async wake-up, not through the fd). It reads messages until EAGAIN (or the
  * path's in-flight limit, or a fairness budget), and re-reads ZMQ_EVENTS last. Every send happens
- * in a callback of the loop, and the check handle runs after every iteration's callbacks, so a
- * send is always followed by a ZMQ_EVENTS read before the loop blocks: no wake-up is lost. If
+ * in a callback of the loop and marks the socket unsettled, and the check handle runs after every
+ * iteration's callbacks and pumps an unsettled socket (a timer's sends, which come before the
+ * poll, pump at once: td_zmq_send.c), so a send is always followed by a ZMQ_EVENTS read before
+ * the loop blocks: no wake-up is lost. A settled socket (nothing to read at the last look, not
+ * used since) is not looked at again until its descriptor or a reply calls for it. If
  * input remains that the pump chose not to read yet, a uv_idle handle keeps the loop from blocking
  * in poll so the next iteration continues; otherwise the loop sleeps until the fd or a completion
  * wakes it. At the in-flight limit reading stops, ZeroMQ's receive high-water mark fills and TCP
@@ -46,8 +49,11 @@ static bool input_waiting(td_transport_t *transport)
     td_zmq_t *z = (td_zmq_t *)transport;
     uint32_t events = 0;
     size_t size = sizeof events;
-    return zmq_getsockopt(z->rt.socket, ZMQ_EVENTS, &events, &size) != 0 ||
-           (events & ZMQ_POLLIN) != 0;
+    bool waiting =
+        zmq_getsockopt(z->rt.socket, ZMQ_EVENTS, &events, &size) != 0 || (events & ZMQ_POLLIN) != 0;
+    z->settled = false; /* a look that may have taken the descriptor's signal */
+    z->none_waiting = !waiting;
+    return waiting;
 }
 
 static const td_transport_ops_t zmq_ops = {
@@ -193,7 +199,10 @@ void td_zmq_pump(td_zmq_t *z)
     td_path_take_replies(path); /* the shards' replies: sent before ZMQ_EVENTS is read below */
     int budget = TD_READ_BUDGET;
     bool read_any = false;
-    while (td_path_may_read(path) && budget > 0 && read_message(z)) {
+    /* A read that input_waiting has just said would find nothing is not tried (a failed read is
+     * two system calls in libzmq); the look at ZMQ_EVENTS below sees what came since. */
+    z->none_waiting = false;
+    while (td_path_may_read(path) && budget > 0 && !z->none_waiting && read_message(z)) {
         budget--;
         read_any = true;
     }
@@ -217,6 +226,7 @@ void td_zmq_pump(td_zmq_t *z)
     z->paused = input && at_limit;
     bool more = input && reading;
     set_idle(z, more);
+    z->settled = !input && !td_path_stopping(path); /* stopping: zmq_pumped after every turn */
     z->env.pumped(z->env.owner, read_any, more); /* last: it may close the transport */
 }
 
@@ -227,9 +237,15 @@ static void poll_cb(uv_poll_t *handle, int status, int events)
     td_zmq_pump(handle->data);
 }
 
+/* After every loop iteration. When the socket is settled and no reply waits, the pump would
+ * only repeat the look its last run ended with (six system calls in libzmq, one request in
+ * flight: bench/NOTES.md, "System calls a lone request"), so it is not run. */
 static void check_cb(uv_check_t *handle)
 {
-    td_zmq_pump(handle->data);
+    td_zmq_t *z = handle->data;
+    if (z->settled && !td_path_replies_waiting(z->env.path))
+        return;
+    td_zmq_pump(z);
 }
 
 /* ---- Life cycle ------------------------------------------------------------------------- */

@@ -53,6 +53,11 @@ struct td_zmq {
     uv_timer_t retry_timer; /* replies kept for connections that closed */
     uv_poll_t monitor_poll; /* the socket monitor's events (td_zmq_conn.c) */
     bool idle_active;
+    /* The pump's last look (ZMQ_EVENTS) found nothing to read, and nothing has used the socket
+     * since (a send clears it): its descriptor signals whatever comes next, so the check after a
+     * loop iteration need not look again (td_zmq.c). */
+    bool settled;
+    bool none_waiting;       /* input_waiting said no during this pump: no read to try again */
     bool paused;             /* reading stopped at the in-flight limit */
     bool closed;             /* handles closed: read nothing more */
     td_zmq_lost_t *lost;     /* connections that closed with replies kept */

@@ -109,6 +109,7 @@ int td_zmq_send_now(td_zmq_t *z, td_reply_t *reply)
      * (found out of memory, the reply changes: alloc sweep, issue 25). */
     void *router = z->rt.socket;
     const int more = ZMQ_DONTWAIT | ZMQ_SNDMORE;
+    z->settled = false; /* a send may take the descriptor's signal: the pump looks again */
     if (zmq_send(router, reply->to.id, reply->to.id_len, more) == -1)
         return errno;
     int err = 0;
@@ -219,6 +220,10 @@ static void retry_cb(uv_timer_t *handle)
     }
     if (!z->lost)
         uv_timer_stop(handle);
+    /* Timers run before the loop's poll, the check after it: a send here is looked after now,
+     * not after the poll has slept on a descriptor the send may have taken the signal of. */
+    if (!z->settled)
+        td_zmq_pump(z); /* last: it may close the transport */
 }
 
 void td_zmq_send_reply(td_transport_t *transport, td_reply_t *reply)
