@@ -996,7 +996,7 @@ static void publish_as(const char *subject, const void *data, size_t len, natsMs
     natsMsg_Destroy(late);
 }
 
-#define APPLY_BYTES (4u << 20) /* td_fleet_changelog.c's CL_APPLY_BYTES: a replay's piece */
+#define APPLY_BYTES (4u << 20) /* td_changelog_owner.c's CL_APPLY_BYTES: a replay's piece */
 
 /* Stores after partition k's changelog one message holding every record of it so far, in order,
  * repeated to pass APPLY_BYTES (with the headers of its last batch: its writer's late batch). A
@@ -1820,7 +1820,7 @@ static void test_no_purge_past_checkpoint(void **state)
 /* ---- 12. messages in flight ----------------------------------------------------------------- */
 
 #define IN_FLIGHT_WRITES 6
-#define CL_DEPTH_WANT 4 /* td_fleet_changelog.c's CL_DEPTH */
+#define CL_DEPTH_WANT 4 /* td_changelog_int.h's CL_DEPTH */
 
 static void test_messages_in_flight(void **state)
 {

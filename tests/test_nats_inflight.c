@@ -245,7 +245,7 @@ static void test_paused_worker_with_messages_in_flight_writes_nothing(void **sta
 }
 
 /* A partition whose full window holds its fetched messages a second says so, once, and why
- * (td_fleet_part.c, say_if_stalled): a window of one message (--nats-inflight 1), on a simulated
+ * (td_fleet_window.c, say_if_stalled): a window of one message (--nats-inflight 1), on a simulated
  * GPU whose launch takes 2.5 s, with two more of its stream fetched behind it. Then SIGTERM with
  * that launch still running past the partition's give-up: the fleet thread takes its port's
  * last reply (td_fleet.c, await_port), or the stop, which counts it, never ends (found here:

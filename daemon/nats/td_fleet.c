@@ -12,7 +12,7 @@
  * lease never lets the first ones taken run out meanwhile; the rest wait for the next
  * heartbeat, which renews the leases first), the renewal of every lease a second old (tried
  * again shortly when the bucket does not answer: td_fleet_int.h), then one step of
- * each owned partition (td_fleet_part.c), the queries that arrived (td_fleet_query.c), and the
+ * each owned partition (td_fleet_window.c), the queries that arrived (td_fleet_query.c), and the
  * replies from the request path (waiting a few milliseconds there when nothing else happened).
  * Every partition waits for a turn, so one that took TD_FLEET_SLOW_TURN_MS or more is logged
  * (notice) part by part, and a heartbeat that long by its own parts: a cluster slow to answer, a

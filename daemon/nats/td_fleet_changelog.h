@@ -47,7 +47,7 @@
  * Threads: hold on the shards' threads; the PubAcks on libnats' thread; the committer thread
  * publishes the batches; take, closed, compact and the checkpoints' calls on the fleet thread.
  * All under one mutex (a purge's round trip outside it, the committer held off that partition
- * by a flag set under it: td_fleet_changelog.c, "Compaction at a quiet point").
+ * by a flag set under it: td_changelog_owner.c, "Compaction at a quiet point").
  */
 #ifndef TD_FLEET_CHANGELOG_H
 #define TD_FLEET_CHANGELOG_H

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_fleet_int.h — what the files of the fleet worker share (td_fleet.c: the thread, membership
- * and the plan; td_fleet_part.c: a partition's life; td_fleet_transport.c: the way into the
- * request path (a transport) and onto the loop; td_fleet_query.c: request-reply). Private to
- * daemon/nats/.
+ * and the plan; td_fleet_part.c: a partition's life; td_fleet_window.c: its messages applied;
+ * td_fleet_transport.c: the way into the request path (a transport) and onto the loop;
+ * td_fleet_query.c: request-reply). Private to daemon/nats/.
  *
  * Threads: everything here belongs to the fleet thread, except the loop-call slot (mu, cond,
  * job) and `stopping`, which the loop thread touches too.
@@ -144,7 +144,7 @@ typedef struct {
     uint64_t pushed_count, popped_count;
 } td_reader_t;
 
-/* One message of a partition's window (td_fleet_part.c): judged in sequence order, applied
+/* One message of a partition's window (td_fleet_window.c): judged in sequence order, applied
  * side by side with the others, retired in order once done. */
 typedef enum { WIN_SENT = 1, WIN_DONE, WIN_RETRY } td_win_state_t;
 typedef struct {
@@ -207,7 +207,7 @@ typedef struct {
     int64_t take_leased_ms, take_loaded_ms;
     char take_loaded[96];
     /* Since when messages have waited for it while its window took none (high_seq unchanged),
-     * and whether that stall was logged (td_fleet_part.c, say_if_stalled). */
+     * and whether that stall was logged (td_fleet_window.c, say_if_stalled). */
     uint64_t stall_high_seq;
     int64_t stall_since_ms;
     bool stall_waiting, stall_said;
@@ -371,6 +371,16 @@ void td_part_take(td_fleet_t *f, td_part_t *p);
 void td_part_give_up(td_fleet_t *f, td_part_t *p);
 /* Loses the partition at once, writing nothing (its lease expired, or it was fenced). */
 void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why);
+/* Frees what a partition keeps past its ownership (at the fleet's end). */
+void td_part_free(td_fleet_t *f, td_part_t *p);
+/* True while the partition's lease is valid by this worker's clock: checked right before every
+ * write of the partition's (a checkpoint, a reply, a dead letter, a watch publication). */
+bool td_part_may_write(const td_part_t *p);
+/* Writes the checkpoint now (nothing in flight), its time counted in
+ * tallyd_nats_checkpoint_seconds_total. False when fenced or it failed. */
+bool td_part_checkpoint(td_fleet_t *f, td_part_t *p);
+
+/* td_fleet_window.c */
 /* One step: resend, fetch, submit, checkpoint when due. True when it did something. */
 bool td_part_step(td_fleet_t *f, td_part_t *p);
 void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *header,
@@ -381,14 +391,6 @@ void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *
 void td_part_reply_lost(td_fleet_t *f);
 /* Waits (polling for replies) until the partition has nothing in the request path. */
 void td_part_quiesce(td_fleet_t *f, td_part_t *p);
-/* Frees what a partition keeps past its ownership (at the fleet's end). */
-void td_part_free(td_fleet_t *f, td_part_t *p);
-/* True while the partition's lease is valid by this worker's clock: checked right before every
- * write of the partition's (a checkpoint, a reply, a dead letter, a watch publication). */
-bool td_part_may_write(const td_part_t *p);
-/* Writes the checkpoint now (nothing in flight), its time counted in
- * tallyd_nats_checkpoint_seconds_total. False when fenced or it failed. */
-bool td_part_checkpoint(td_fleet_t *f, td_part_t *p);
 
 /* td_fleet_table.c: partition k's streams in the stream table (run on the loop thread). */
 /* Its streams encoded as a checkpoint's state (*state malloc'd, the caller's to free). */

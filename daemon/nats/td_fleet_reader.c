@@ -10,7 +10,7 @@
  * takes everything queued under one lock (td_reader_pop), and the reader wakes the fleet thread
  * through an eventfd it polls beside the request path's socket, so a message waits for nobody's
  * timer. The messages it queued since it started and those the fleet thread popped are counted
- * apart, each by its own thread, for tallyd_nats_partition_fetched (td_fleet_part.c stores the
+ * apart, each by its own thread, for tallyd_nats_partition_fetched (td_fleet_window.c stores the
  * second).
  *
  * The reader also reads what the fleet thread will need of each message before it queues it:
@@ -27,8 +27,8 @@
  * waits date from pulls without no_wait, when a new consumer's first pull could sit out its
  * whole expiry with messages pending: 250 ms of every take-over. A pull now returns what the
  * consumer holds at once, td_consumer_fetch; the short waits only bound how long one sent
- * before the consumer holds anything waits before the next.) A consumer it cannot make ends the thread with the reason (td_reader_failed), and
- * the fleet thread gives the partition up.
+ * before the consumer holds anything waits before the next.) A consumer it cannot make ends the
+ * thread with the reason (td_reader_failed), and the fleet thread gives the partition up.
  */
 #include <stdint.h>
 #include <stdio.h>
