@@ -322,7 +322,7 @@ void td_changelog_closed(td_fleet_t *f, uint32_t k)
  * lease held for at least CL_PURGE_LEASE_MS more by this member's own clock.
  *
  * Why the check and the purge cannot race with a new record. Records reach the stream only
- * through the committer thread's publishes (publish_locked and retry_locked, under mu); the
+ * through the committer thread's publishes (publish_locked and resend_locked, under mu); the
  * shards' threads only append to the batch (hold, under mu) and libnats' thread only settles a
  * publish (on_ack). The check sets `purging` under the same lock hold that found the partition
  * quiet, and the committer publishes nothing of a purging partition, so from the check until

@@ -10,13 +10,13 @@
  * while every change since that checkpoint is in the changelog, which JetStream ingest and a
  * `local` owner break (bench/NOTES.md, "Standbys: what one would buy"). A manifest says so when
  * its cl_since covers the checkpoint the copy started from (td_ckpt_since_covers: its owner
- * claims it only while that holds, td_fleet_part.c's since_from_here). So the rule: at every new
- * checkpoint it sees (the manifest key's revision, read when a write of the key comes on
- * $KV.TALLY_CKPT.<key>, and every TD_STANDBY_CHECK_MS besides) the copy runs on when the new
- * manifest's cl_since covers its start, and starts again from it otherwise (one decode of the
- * partition's state); a take uses the copy when the manifest it fences is the very checkpoint
- * the copy started from (same epoch and generation), or covers its start and the copy has
- * applied the changelog to that checkpoint's cl_seq at least. Anything else (a record that does
+ * claims it only while that holds, td_standby_claim, called at each checkpoint by td_fleet_part.c).
+ * So the rule: at every new checkpoint it sees (the manifest key's revision, read when a write of
+ * the key comes on $KV.TALLY_CKPT.<key>, and every TD_STANDBY_CHECK_MS besides) the copy runs on
+ * when the new manifest's cl_since covers its start, and starts again from it otherwise (one decode
+ * of the partition's state); a take uses the copy when the manifest it fences is the very
+ * checkpoint the copy started from (same epoch and generation), or covers its start and the copy
+ * has applied the changelog to that checkpoint's cl_seq at least. Anything else (a record that does
  * not apply, a gap in the sequences, a subscription that failed) drops the copy until the next
  * check starts it again; a take meanwhile loads as without standbys.
  *
