@@ -2,9 +2,8 @@
 /*
  * td_path_front.c — what the front runs itself with a shard held (td_path_int.h): the only
  * request in flight, a request by device reference on no stream, and the GPU completions of those
- * that come back to the front's own sink (issue 34); and whether replies wait for the front (a
- * transport deciding whether to look at its socket again). td_path.c's design comment says how
- * the front and the shards share the work; here, how the front borrows a shard.
+ * that come back to the front's own sink (issue 34). td_path.c's design comment says how the
+ * front and the shards share the work; here, how the front borrows a shard.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -114,9 +113,4 @@ void td_path_finished(td_path_t *self, td_request_t *r)
         td_shard_finished(slot->shard, r);
     else
         finish_on_front(slot, r);
-}
-
-bool td_path_replies_waiting(td_path_t *p)
-{
-    return p->front_open && td_mailbox_waiting(&p->inbox);
 }

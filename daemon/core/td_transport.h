@@ -210,9 +210,6 @@ td_err_t td_path_submit(td_path_t *path, td_transport_t *transport, td_msg_t *ms
  * for more to read: while the loop thread is busy, replies come this way, without a wake-up
  * (td_mailbox.h); when it sleeps, they wake it. Nothing with one shard. */
 void td_path_take_replies(td_path_t *path);
-/* Loop thread: replies the shards have sent back that td_path_take_replies would hand over now
- * (a transport that has nothing else to do may skip its look at the socket without them). */
-bool td_path_replies_waiting(td_path_t *path);
 /* Loop thread: whether the path takes requests now (under the in-flight limit; while stopping,
  * messages are still taken, to be answered `shutdown`, until the drain deadline or the path's
  * close: after td_path_close no shard would ever answer them). */
