@@ -2,12 +2,13 @@
 /*
  * td_auth.c — see td_auth.h.
  *
- * Threads: td_auth_new, td_auth_apply, td_auth_reload, td_auth_event and td_auth_destroy run on
- * the loop thread; the handler thread owns the ZAP socket from td_auth_apply on (a ZeroMQ socket
- * is used by one thread at a time; pthread_create and pthread_join order the hand-over and the
- * hand-back). The allowed keys and the refusal log's rate limit are what both use, under the
- * lock: reload builds a new set and swaps it in, the handler looks a key up. Counters are atomics
- * the loop thread reads for the metrics.
+ * Threads: td_auth_new, td_auth_apply, td_auth_reload and td_auth_destroy run on the loop
+ * thread, td_auth_event there and on the fronts' threads (td_zmq_front.c); the handler thread
+ * owns the ZAP socket from td_auth_apply on (a ZeroMQ socket is used by one thread at a time;
+ * pthread_create and pthread_join order the hand-over and the hand-back). The allowed keys and
+ * the refusal log's rate limit are what they share, under the lock: reload builds a new set and
+ * swaps it in, the handler looks a key up. Counters are atomics the loop thread reads for the
+ * metrics.
  */
 #include <dirent.h>
 #include <errno.h>

@@ -11,7 +11,8 @@
  * per-client limits and metrics (td_peers.h).
  *
  * The ROUTER's monitor (zmq_socket_monitor; a socket has one, which the ZeroMQ transport reads
- * on the loop thread: td_router.c, td_zmq_conn.c) hands td_auth_event the handshake failures that
+ * on the loop thread: td_router.c, td_zmq_conn.c), and each front's (read on its thread:
+ * td_zmq_front.c), hands td_auth_event the handshake failures that
  * never reach ZAP — a client without CURVE (mechanism mismatch) or one that encrypted to another
  * server key (the handshake does not decrypt) — so that every refusal is counted and logged.
  *
@@ -69,8 +70,8 @@ td_err_t td_auth_secure(const td_auth_t *self, void *sock);
  * On an error the current set stays and the error is logged. */
 void td_auth_reload(td_auth_t *self, const td_config_t *cfg);
 void td_auth_counts(td_auth_t *self, td_auth_counts_t *out);
-/* One event of the ROUTER's socket monitor (ZMQ_EVENT_HANDSHAKE_*, with its value): counted, and
- * a refusal logged. Loop thread. */
+/* One event of a request socket's monitor (ZMQ_EVENT_HANDSHAKE_*, with its value): counted, and
+ * a refusal logged. The loop thread (the ROUTER's) and the fronts' threads (theirs). */
 void td_auth_event(td_auth_t *self, unsigned event, uint32_t value);
 /* Stops the handler thread and closes its sockets: before zmq_ctx_term. */
 void td_auth_destroy(td_auth_t **self_p);

@@ -50,6 +50,25 @@ static void set_socket_options(void *router, const td_config_t *cfg)
     zmq_setsockopt(router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
 }
 
+/* A PAIR socket of ctx that receives `events` of socket (zmq_socket_monitor), at an inproc
+ * address of its own: in *out (NULL on failure, logged). */
+static td_err_t monitor_socket(void *ctx, void *socket, int events, void **out)
+{
+    char addr[64];
+    snprintf(addr, sizeof addr, "inproc://tallyd-router-monitor-%p", socket);
+    *out = NULL;
+    void *monitor = NULL;
+    if (zmq_socket_monitor(socket, addr, events) != 0 || !(monitor = zmq_socket(ctx, ZMQ_PAIR)) ||
+        zmq_connect(monitor, addr) != 0) {
+        td_err("cannot monitor the socket's connections: %s", zmq_strerror(errno));
+        if (monitor)
+            zmq_close(monitor);
+        return TD_ERR_LIBRARY;
+    }
+    *out = monitor;
+    return TD_OK;
+}
+
 /* The socket monitor, before any bind so that it sees every connection accepted: a PAIR socket
  * of the same context that receives the ROUTER's ZMQ_EVENT_ACCEPTED and ZMQ_EVENT_DISCONNECTED
  * (each with the connection's descriptor: td_zmq_conn.c) and the handshake events CURVE counts
@@ -57,19 +76,14 @@ static void set_socket_options(void *router, const td_config_t *cfg)
  * socket (socket_base_t::monitor stops the one before). */
 static td_err_t open_monitor(td_router_t *rt)
 {
-    char addr[64];
-    snprintf(addr, sizeof addr, "inproc://tallyd-router-monitor-%p", (void *)rt->socket);
     size_t size = sizeof rt->monitor_fd;
-    int events = ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
-                 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                 ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
-    if (zmq_socket_monitor(rt->socket, addr, events) != 0 ||
-        !(rt->monitor = zmq_socket(rt->ctx, ZMQ_PAIR)) || zmq_connect(rt->monitor, addr) != 0 ||
-        zmq_getsockopt(rt->monitor, ZMQ_FD, &rt->monitor_fd, &size) != 0) {
+    int events = ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | TD_ROUTER_HANDSHAKE_EVENTS;
+    td_err_t err = monitor_socket(rt->ctx, rt->socket, events, &rt->monitor);
+    if (err == TD_OK && zmq_getsockopt(rt->monitor, ZMQ_FD, &rt->monitor_fd, &size) != 0) {
         td_err("cannot monitor the socket's connections: %s", zmq_strerror(errno));
         return TD_ERR_LIBRARY;
     }
-    return TD_OK;
+    return err;
 }
 
 /* CURVE, before any bind, so that no connection is ever made without it. */
@@ -187,13 +201,17 @@ td_err_t td_router_open(const td_config_t *cfg, td_router_t *rt)
 }
 
 td_err_t td_router_open_front(void *ctx, const td_auth_t *auth, const td_config_t *cfg,
-                              const char *endpoint, void **out)
+                              const char *endpoint, void **out, void **monitor)
 {
+    *monitor = NULL;
     *out = zmq_socket(ctx, ZMQ_ROUTER);
     if (!*out)
         return TD_ERR_LIBRARY;
     set_socket_options(*out, cfg);
     if (auth && td_auth_secure(auth, *out) != TD_OK)
+        return TD_ERR_LIBRARY;
+    /* Before the bind, as the ROUTER's: no handshake goes uncounted. */
+    if (auth && monitor_socket(ctx, *out, TD_ROUTER_HANDSHAKE_EVENTS, monitor) != TD_OK)
         return TD_ERR_LIBRARY;
     int ipv6 = tally_endpoint_ipv6(endpoint);
     zmq_setsockopt(*out, ZMQ_IPV6, &ipv6, sizeof ipv6); /* an int option: cannot fail */
@@ -206,12 +224,38 @@ td_err_t td_router_open_front(void *ctx, const td_auth_t *auth, const td_config_
     return TD_OK;
 }
 
+bool td_router_monitor_next(void *monitor, uint16_t *event, uint32_t *value)
+{
+    zmq_msg_t frame;
+    zmq_msg_init(&frame);
+    if (zmq_msg_recv(&frame, monitor, ZMQ_DONTWAIT) == -1) {
+        zmq_msg_close(&frame);
+        return false;
+    }
+    /* [event u16, value u32 (the descriptor)][endpoint]: libzmq 4.3's version 1 events */
+    *event = 0;
+    *value = UINT32_MAX;
+    if (zmq_msg_size(&frame) >= 6) {
+        memcpy(event, zmq_msg_data(&frame), sizeof *event);
+        memcpy(value, (const uint8_t *)zmq_msg_data(&frame) + 2, sizeof *value);
+    }
+    while (zmq_msg_more(&frame) && zmq_msg_recv(&frame, monitor, ZMQ_DONTWAIT) != -1)
+        continue;
+    zmq_msg_close(&frame);
+    return true;
+}
+
+void td_router_unmonitor(void *socket, void **monitor_p)
+{
+    if (!*monitor_p)
+        return;
+    if (socket)
+        zmq_socket_monitor(socket, NULL, 0);
+    zmq_close(*monitor_p);
+    *monitor_p = NULL;
+}
+
 void td_router_close_monitor(td_router_t *rt)
 {
-    if (!rt->monitor)
-        return;
-    if (rt->socket)
-        zmq_socket_monitor(rt->socket, NULL, 0);
-    zmq_close(rt->monitor);
-    rt->monitor = NULL;
+    td_router_unmonitor(rt->socket, &rt->monitor);
 }

@@ -12,6 +12,8 @@
 #ifndef TD_ROUTER_H
 #define TD_ROUTER_H
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <uv.h>
 
 #include "td_auth.h"
@@ -30,11 +32,22 @@ typedef struct {
 /* Fills *rt as far as it gets: on failure (logged) what was made is left in *rt for the caller
  * to close (td_router_close_monitor, zmq_close the socket, td_auth_destroy, zmq_ctx_term). */
 td_err_t td_router_open(const td_config_t *cfg, td_router_t *rt);
+/* The handshake events CURVE counts (td_auth_event), which every monitor asks for. */
+#define TD_ROUTER_HANDSHAKE_EVENTS                                                                 \
+    (ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |                        \
+     ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+
 /* A front's ROUTER socket (td_zmq_front.h) in the ROUTER's context ctx: the same options, CURVE
- * with its handler (auth) when it has one, bound to endpoint; no monitor. On failure (logged) *out,
- * when not NULL, is the caller's to close. */
+ * with its handler (auth) when it has one, bound to endpoint. With CURVE, *monitor is a PAIR
+ * receiving its handshake events (for td_auth_event, as the ROUTER's are), else NULL. On
+ * failure (logged) *out and *monitor, when not NULL, are the caller's to close
+ * (td_router_unmonitor, then zmq_close). */
 td_err_t td_router_open_front(void *ctx, const td_auth_t *auth, const td_config_t *cfg,
-                              const char *endpoint, void **out);
+                              const char *endpoint, void **out, void **monitor);
+/* The next event a monitor holds (without waiting): false when none. */
+bool td_router_monitor_next(void *monitor, uint16_t *event, uint32_t *value);
+/* Stops socket's monitor and closes *monitor_p (before socket closes; NULL: nothing). */
+void td_router_unmonitor(void *socket, void **monitor_p);
 /* Stops the monitor and closes its socket (before the ROUTER socket closes; idempotent). */
 void td_router_close_monitor(td_router_t *rt);
 

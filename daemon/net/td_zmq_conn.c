@@ -222,26 +222,9 @@ static void monitor_event(td_zmq_t *z, uint16_t event, int fd)
 
 void td_zmq_monitor_read(td_zmq_t *z)
 {
-    void *monitor = z->rt.monitor;
-    if (!monitor)
-        return;
-    for (;;) {
-        zmq_msg_t frame;
-        zmq_msg_init(&frame);
-        if (zmq_msg_recv(&frame, monitor, ZMQ_DONTWAIT) == -1) {
-            zmq_msg_close(&frame);
-            break;
-        }
-        /* [event u16, value u32 (the descriptor)][endpoint]: libzmq 4.3's version 1 events */
-        uint16_t event = 0;
-        uint32_t value = UINT32_MAX;
-        if (zmq_msg_size(&frame) >= 6) {
-            memcpy(&event, zmq_msg_data(&frame), sizeof event);
-            memcpy(&value, (const uint8_t *)zmq_msg_data(&frame) + 2, sizeof value);
-        }
-        while (zmq_msg_more(&frame) && zmq_msg_recv(&frame, monitor, ZMQ_DONTWAIT) != -1)
-            continue;
-        zmq_msg_close(&frame);
+    uint16_t event;
+    uint32_t value;
+    while (z->rt.monitor && td_router_monitor_next(z->rt.monitor, &event, &value)) {
         if (event == ZMQ_EVENT_ACCEPTED || event == ZMQ_EVENT_DISCONNECTED)
             monitor_event(z, event, (int)value);
         else if (z->rt.auth) /* the handshakes CURVE counts */

@@ -21,9 +21,11 @@
  *      small payload lent, a larger one's frame moved into the request); at max_inflight the
  *      port says busy and the message waits here, its frames held, until replies free slots:
  *      ZeroMQ's high-water marks push back, as on the loop thread's socket;
- *   3. posts what it read, a batch per shard (td_path_port_flush), and sleeps in zmq_poll on
- *      its socket and the eventfd the shards write when they post a reply to a sleeping port
- *      (td_path_port_sleep, last before the poll).
+ *   3. posts what it read, a batch per shard (td_path_port_flush), counts the handshakes its
+ *      socket's monitor reported (with CURVE: tallyd_auth_total counts every endpoint's, as
+ *      PROTOCOL.md says), and sleeps in zmq_poll on its socket, that monitor and the eventfd the
+ *      shards write when they post a reply to a sleeping port (td_path_port_sleep, last before
+ *      the poll).
  * Per-stream order: a connection's requests are read in order and a stream's go to its shard in
  * one batch, in order (td_path_port.c). The sequence rules, `busy` at max_inflight (the port
  * counts its requests with the front's and the other ports'), stream limits, the reply bounds
@@ -102,6 +104,7 @@ typedef struct {
     unsigned index;
     char *endpoint;
     void *socket;
+    void *monitor; /* its handshake events, with CURVE (tallyd_auth_total), else NULL */
     int wake_fd;
     td_path_port_t *port;
     td_peers_t *peers;
@@ -329,6 +332,16 @@ static void tell_loop(front_t *f, bool read_any)
     uv_async_send(&set->wake);
 }
 
+/* The handshakes CURVE counts, as the loop thread counts its socket's (td_zmq_monitor_read):
+ * td_auth_event's counters are atomics, its log's rate limit under its lock. */
+static void count_handshakes(front_t *f)
+{
+    uint16_t event;
+    uint32_t value;
+    while (f->monitor && td_router_monitor_next(f->monitor, &event, &value))
+        td_auth_event(f->set->env.auth, event, value);
+}
+
 /* Idle entries of its peers' table freed, every TD_PEERS_SWEEP_MS (the loop thread's sweep of
  * its own table, td_server.c): the table is this thread's. */
 static void sweep(front_t *f)
@@ -344,8 +357,10 @@ static void *front_main(void *arg)
 {
     front_t *f = arg;
     f->swept_ns = uv_hrtime();
-    zmq_pollitem_t items[2] = {{.socket = f->socket, .events = ZMQ_POLLIN},
-                               {.fd = f->wake_fd, .events = ZMQ_POLLIN}};
+    zmq_pollitem_t items[3] = {{.socket = f->socket, .events = ZMQ_POLLIN},
+                               {.fd = f->wake_fd, .events = ZMQ_POLLIN},
+                               {.socket = f->monitor, .events = ZMQ_POLLIN}};
+    int polled = f->monitor ? 3 : 2;
     for (;;) {
         bool stop = atomic_load_explicit(&f->stop, memory_order_acquire);
         unsigned answered = td_path_port_take_replies(f->port, send_reply, f);
@@ -353,6 +368,7 @@ static void *front_main(void *arg)
         if (stop && f->msg.held) /* the path is closed: the port answers it itself */
             submit_held(f);
         td_path_port_flush(f->port);
+        count_handshakes(f);
         sweep(f);
         if (read_any || answered)
             tell_loop(f, read_any);
@@ -368,7 +384,7 @@ static void *front_main(void *arg)
         if (stop && timeout)
             timeout = TD_FRONT_STOP_POLL_MS;
         items[0].events = f->msg.held || stop ? 0 : ZMQ_POLLIN;
-        if (zmq_poll(items, 2, timeout) > 0 && (items[1].revents & ZMQ_POLLIN)) {
+        if (zmq_poll(items, polled, timeout) > 0 && (items[1].revents & ZMQ_POLLIN)) {
             uint64_t n;
             ssize_t got = read(f->wake_fd, &n, sizeof n);
             (void)got;
@@ -410,7 +426,8 @@ static td_err_t open_front(td_fronts_t *set, front_t *f, unsigned index)
         td_err("front %s: eventfd: %s", f->endpoint, strerror(errno));
         return TD_ERR_LIBRARY;
     }
-    err = td_router_open_front(env->zmq_ctx, env->auth, env->cfg, f->endpoint, &f->socket);
+    err = td_router_open_front(env->zmq_ctx, env->auth, env->cfg, f->endpoint, &f->socket,
+                               &f->monitor);
     if (err != TD_OK)
         return err;
     err = td_path_port_open(env->path, &f->base, wake_port, f, &f->port);
@@ -429,6 +446,7 @@ static void close_front(front_t *f)
     if (f->msg.held)
         release(&f->msg);
     td_path_port_close(&f->port);
+    td_router_unmonitor(f->socket, &f->monitor);
     if (f->socket) {
         int linger = TD_FRONT_LINGER_MS; /* an int option of an open socket: cannot fail */
         zmq_setsockopt(f->socket, ZMQ_LINGER, &linger, sizeof linger);

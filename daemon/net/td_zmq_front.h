@@ -32,7 +32,7 @@ typedef struct {
     const td_config_t *cfg; /* its fronts; copied for the fronts' admission (td_zmq_front.c) */
     td_path_t *path;
     void *zmq_ctx;         /* the loop thread's ROUTER's context (td_zmq_context) */
-    const td_auth_t *auth; /* its CURVE, or NULL */
+    td_auth_t *auth;       /* its CURVE (its counters: a front's handshakes), or NULL */
     td_replies_t *replies;
     unsigned shards;
     /* While stopping, on the loop thread: a front has read (read_any) or answered requests; the
